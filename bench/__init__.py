@@ -1,0 +1,1 @@
+"""Benchmarks and experiment presets, each run as `python -m bench.NAME`."""

@@ -1,0 +1,1 @@
+"""Libra runtime: everything that touches torch.distributed or a device."""

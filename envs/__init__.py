@@ -1,0 +1,1 @@
+"""Agentic environments and their tools (swe, search, math). No torch."""

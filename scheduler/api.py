@@ -1,0 +1,105 @@
+"""The scheduler's contract: events in (plain values, explicit `now`), frozen decisions out.
+
+The same router and planner objects drive the real runtime (`engine/coordinator.py`) and the
+simulator (`sim/`). Neither reads a clock nor does I/O: the caller passes `now` (seconds, any
+monotonic origin) with every event.
+
+Router protocol (implemented by `scheduler/cmlfq.py` and `scheduler/routers.py`):
+
+    router.set_layout(role_map, now) -> dict[request_id, Route]   # re-homes requests whose
+                                                                   # instance disappeared
+    router.admit(request_id, prompt_id, prompt_tokens, now) -> Route
+    router.on_tool_return(request_id, outcome, tokens_so_far, now) -> Decision
+    router.on_decode(request_id, tokens_so_far, now) -> Decision   # decode-boundary check
+                                                                   # (MLFQ demotion safety net)
+    router.on_finish(request_id, total_tokens, now) -> None       # also feeds the prefix tree
+    router.on_cancel(request_id, now) -> None
+
+Planner protocol (`scheduler/planner.py`):
+
+    planner.on_step_end(stats: StepStats, now) -> PlanDecision | None
+
+`OutcomeState` is the discrete tool-return state of the C-MLFQ paper: (tool, size class,
+status). `envs/base.py` derives it from a `ToolResult`; the simulator samples it.
+
+Invariants (tests/test_scheduler_*.py): decisions only name instances of the current layout;
+a migration only goes to a strictly longer bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol
+
+from scheduler.layout import RoleMap
+
+SizeClass = Literal["small", "medium", "large"]
+Status = Literal["success", "failure", "timeout"]
+
+
+class OutcomeState(NamedTuple):
+    """What a tool return tells the scheduler: hashable, JSON-able as a 3-list."""
+
+    tool: str
+    size_class: str  # "small" | "medium" | "large"
+    status: str  # "success" | "failure" | "timeout"
+
+
+@dataclass(frozen=True)
+class Route:
+    instance_id: int
+    bucket: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["stay", "migrate"]
+    instance_id: int  # where the request runs after this decision
+    bucket: str
+    reason: str = ""  # e.g. "cmlfq p90=9.1k>4k", "demote tokens=4100>4096"
+
+    @property
+    def migrate(self) -> bool:
+        return self.action == "migrate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats:
+    """What the coordinator (or simulator) measured in one training step."""
+
+    step: int
+    rollout_s: float  # wall time of the step's rollout phase (or its critical path)
+    train_s: float  # wall time of the trainer update
+    sync_s: float = 0.0  # weight transfer
+    trajectory_tokens: tuple[int, ...] = ()  # total tokens of each trajectory finished this step
+    tool_latency_s: tuple[float, ...] = ()  # latency of each tool call this step
+    train_tokens: int = 0  # tokens the trainer consumed
+    role_map: RoleMap | None = None  # layout the step ran on
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanDecision:
+    role_map: RoleMap  # the new, validated layout (version already bumped)
+    predicted_step_s: float  # predicted step time under the new layout
+    current_step_s: float  # predicted step time under the current layout
+    reconfig_s: float  # predicted cost of switching
+    reason: str = ""
+    details: dict = field(default_factory=dict)
+
+
+class Router(Protocol):
+    def set_layout(self, role_map: RoleMap, now: float) -> dict[str, Route]: ...
+
+    def admit(self, request_id: str, prompt_id: str, prompt_tokens: int, now: float) -> Route: ...
+
+    def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Decision: ...
+
+    def on_decode(self, request_id: str, tokens_so_far: int, now: float) -> Decision: ...
+
+    def on_finish(self, request_id: str, total_tokens: int, now: float) -> None: ...
+
+    def on_cancel(self, request_id: str, now: float) -> None: ...
+
+
+class Planner(Protocol):
+    def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None: ...
