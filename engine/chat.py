@@ -1,0 +1,137 @@
+"""Chat template with tools, Hermes/Qwen convention, rendered to token ids (no torch).
+
+Algorithm:
+  1. A system turn lists the tool schemas (OpenAI function JSON, one per line) inside
+     `<tools></tools>` and says how to call them: `<tool_call>{"name", "arguments"}</tool_call>`.
+  2. Each message becomes `<|im_start|>{role}\n{content}<|im_end|>\n`; a `tool` message becomes a
+     user turn holding `<tool_response>\n...\n</tool_response>` (Qwen2.5/Qwen3 do the same).
+  3. The prompt ends with the generation prompt `<|im_start|>assistant\n`.
+  4. After a tool call the engine appends `render_tool_response`: close the assistant turn,
+     the tool turn, open the next assistant turn. All of these tokens carry loss mask 0.
+
+A local checkpoint whose own chat template knows `tools` (Qwen2.5, Qwen3) is rendered with it,
+so a real model sees exactly the format it was trained on; every other tokenizer (tiny,
+SmolLM2) uses the text template below.
+
+Invariants (tests/test_models.py): the special strings are single tokens of the tiny tokenizer;
+`render_prompt` ends with the assistant generation prompt; prompt + response token ids decode
+back to the rendered text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
+SPECIAL_STRINGS = (IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
+
+_TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
+
+
+def tools_block(tools) -> str:
+    return _TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_FOOTER
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    return f"{TOOL_CALL_OPEN}\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + f"\n{TOOL_CALL_CLOSE}"
+
+
+def render_text(messages, tools) -> str:
+    """The Hermes/Qwen chat text for `messages` and `tools`, ending with the generation prompt."""
+    messages = list(messages)
+    out = []
+    system = ""
+    if messages and messages[0]["role"] == "system":
+        system = messages.pop(0)["content"]
+    if tools:
+        system = (system + "\n\n" if system else "") + tools_block(tools)
+    if system:
+        out.append(f"{IM_START}system\n{system}{IM_END}\n")
+    for m in messages:
+        if m["role"] == "tool":
+            out.append(f"{IM_START}user\n{TOOL_RESPONSE_OPEN}\n{m['content']}\n{TOOL_RESPONSE_CLOSE}{IM_END}\n")
+            continue
+        content = m.get("content") or ""
+        for call in m.get("tool_calls", ()):
+            fn = call.get("function", call)
+            content += ("\n" if content else "") + format_tool_call(fn["name"], fn.get("arguments", {}))
+        out.append(f"{IM_START}{m['role']}\n{content}{IM_END}\n")
+    out.append(f"{IM_START}assistant\n")
+    return "".join(out)
+
+
+def tool_response_text(texts, *, close_turn: bool = True) -> str:
+    """Text appended after a tool call: end the assistant turn, the tool turn, the next prompt."""
+    if isinstance(texts, str):
+        texts = [texts]
+    body = "\n".join(f"{TOOL_RESPONSE_OPEN}\n{t}\n{TOOL_RESPONSE_CLOSE}" for t in texts)
+    head = IM_END + "\n" if close_turn else "\n"
+    return f"{head}{IM_START}user\n{body}{IM_END}\n{IM_START}assistant\n"
+
+
+def _own_template_knows_tools(tokenizer) -> bool:
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template and getattr(tokenizer, "libra_template", "") != "hermes"
+
+
+def render_prompt(tokenizer, messages, tools) -> list[int]:
+    """Token ids of the chat with tools, ending with `<|im_start|>assistant\\n`."""
+    if _own_template_knows_tools(tokenizer):
+        ids = tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) or None, add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer.encode(render_text(messages, tools), add_special_tokens=False)
+
+
+def render_tool_response(tokenizer, text, *, close_turn: bool = True) -> list[int]:
+    """Token ids appended after a tool call (`text` may be a list: one block per call)."""
+    return tokenizer.encode(tool_response_text(text, close_turn=close_turn), add_special_tokens=False)
+
+
+def has_tool_call(text: str) -> bool:
+    return TOOL_CALL_OPEN in text
+
+
+def parse_tool_calls_fallback(text: str):
+    """Hermes tool calls in `text`; used until/unless `envs.base.parse_tool_calls` exists."""
+    from envs.base import ToolCall, ToolCallError
+
+    calls = []
+    for m in _TOOL_CALL_RE.finditer(text):
+        raw = m.group(1).strip()
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCallError(f"invalid JSON in tool call ({e.msg}); write {format_tool_call('NAME', {})}", raw))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments", {}), dict):
+            calls.append(ToolCallError('a tool call must be {"name": str, "arguments": {...}}', raw))
+            continue
+        calls.append(ToolCall(obj["name"], obj.get("arguments", {}), raw))
+    return calls
+
+
+def parse_tool_calls(text: str):
+    try:
+        from envs.base import parse_tool_calls as env_parse
+    except ImportError:
+        return parse_tool_calls_fallback(text)
+    return env_parse(text)

