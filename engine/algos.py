@@ -1,0 +1,148 @@
+"""GRPO tensor math: group advantages, token log-probs, PPO-clip loss, KL penalty.
+
+Pure functions over tensors: no process groups, no models, no optimizer. The trainer
+(`engine/trainer.py`) feeds them micro-batches and passes the *global* denominators (tokens or
+sequences of the whole step across all trainer ranks), so that summing the micro-batch losses
+over micro-batches and ranks gives exactly the loss of one full-batch computation.
+
+Algorithm (one GRPO step, per token t of sequence i with advantage A_i):
+  1. A_i = (r_i - mean(r_group)) / (std(r_group) + eps), or without the division (Dr. GRPO
+     style); std is the unbiased sample std; a group of one or of equal rewards gives A = 0.
+  2. ratio = exp(logp - logp_old); per-token loss = max(-A * ratio, -A * clip(ratio, 1 - clip_low,
+     1 + clip_high)) (asymmetric bounds allowed, DAPO "clip-higher").
+  3. Aggregate over the loss mask: "token-mean" = sum(loss * mask) / num_tokens, or
+     "seq-mean-token-mean" = mean over sequences of each sequence's masked token mean.
+  4. KL to a reference (k1, k2 or k3 estimator of Schulman), aggregated the same way.
+
+Invariants (tests/test_algos.py, hand-computed values): equal-reward groups and empty masks give
+0 and never NaN; masked positions never influence the loss or its gradient; splitting a batch
+into parts and passing the global denominators reproduces the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+KL_KINDS = ("k1", "k2", "k3")
+
+
+def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """Advantages [num_groups, n] from rewards [num_groups, n], normalised within each group."""
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards has shape {tuple(rewards.shape)}, expected [num_groups, n]; reshape the flat rewards by group first")
+    rewards = rewards.to(torch.float32)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not normalize_std:
+        return centred
+    if rewards.shape[1] < 2:
+        # A group of one has no spread to normalise by: its centred advantage is already 0.
+        return centred
+    std = rewards.std(dim=1, keepdim=True, unbiased=True)
+    return centred / (std + eps)
+
+
+def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log p(target_ids[..., t] | logits[..., t, :]) in float32, same shape as target_ids."""
+    logits = logits.to(torch.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def masked_aggregate(
+    values: Tensor,
+    mask: Tensor,
+    aggregation: str = "token-mean",
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> Tensor:
+    """Reduce per-token `values` [B, T] over `mask` [B, T] to a scalar.
+
+    `num_tokens` / `num_seqs` are the denominators of the whole step (all micro-batches, all
+    ranks); they default to this batch's own counts. An empty mask gives 0.
+    """
+    mask = mask.to(values.dtype)
+    masked = values * mask
+    if aggregation == "token-mean":
+        denom = mask.sum() if num_tokens is None else torch.tensor(float(num_tokens))
+        return masked.sum() / denom.clamp(min=1.0)
+    if aggregation == "seq-mean-token-mean":
+        seq_tokens = mask.sum(dim=-1)
+        seq_means = masked.sum(dim=-1) / seq_tokens.clamp(min=1.0)
+        # Sequences without a model token carry no signal and do not dilute the mean.
+        denom = (seq_tokens > 0).sum().to(values.dtype) if num_seqs is None else torch.tensor(float(num_seqs))
+        return seq_means.sum() / denom.clamp(min=1.0)
+    raise ValueError(f"aggregation={aggregation!r} is unknown; use one of {AGGREGATIONS}")
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: str = "token-mean",
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip policy loss over masked tokens; returns (loss, metrics).
+
+    `advantages` is per sequence [B] or per token [B, T]. Metrics (detached, aggregated like the
+    loss): `clip_frac` (tokens where the clipped branch is taken), `approx_kl` (mean of
+    logp_old - logp), `ratio_mean`.
+    """
+    if advantages.dim() == logprobs.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.to(logprobs.dtype)
+    mask = mask.to(logprobs.dtype)
+    # Masked positions may hold garbage old log-probs (padding, inf): select, not multiply, so
+    # neither exp() overflow nor inf * 0 can turn into NaN.
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = masked_aggregate(per_token, mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        clip_on = (clipped > unclipped).to(logprobs.dtype)
+        agg = dict(aggregation=aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+        metrics = {
+            "clip_frac": masked_aggregate(clip_on, mask, **agg),
+            "approx_kl": masked_aggregate(-log_ratio, mask, **agg),
+            "ratio_mean": masked_aggregate(ratio, mask, **agg),
+        }
+    return loss, metrics
+
+
+def kl_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kind: str = "k3",
+    aggregation: str = "token-mean",
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> Tensor:
+    """Estimate of KL(policy || reference) from sampled tokens, aggregated over the mask.
+
+    k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; k3 = exp(d) - d - 1 with d = logp_ref -
+    logp (unbiased and always >= 0; d clamped to [-20, 20] so one wild token cannot overflow).
+    """
+    diff = torch.where(mask > 0, logprobs - ref_logprobs, torch.zeros_like(logprobs))
+    if kind == "k1":
+        per_token = diff
+    elif kind == "k2":
+        per_token = 0.5 * diff.square()
+    elif kind == "k3":
+        d = torch.clamp(-diff, min=-20.0, max=20.0)
+        per_token = torch.exp(d) - d - 1.0
+    else:
+        raise ValueError(f"kind={kind!r} is unknown; use one of {KL_KINDS}")
+    return masked_aggregate(per_token, mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)

@@ -1,0 +1,160 @@
+"""engine/algos.py on tiny tensors with hand-computed expected values."""
+
+import math
+
+import pytest
+import torch
+
+from engine.algos import group_advantages, kl_penalty, masked_aggregate, ppo_clip_loss, token_logprobs
+
+
+def close(a, b, tol=1e-6):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=0)
+
+
+# ---- advantages ----------------------------------------------------------------------------
+
+
+def test_group_advantages_normalised_by_unbiased_std():
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [3.0, 1.0, 2.0, 2.0]])
+    adv = group_advantages(rewards, eps=0.0)
+    # group 0: mean .5, std sqrt(1/3); group 1: mean 2, std sqrt(2/3)
+    s = 0.5 / math.sqrt(1 / 3)
+    t = 1.0 / math.sqrt(2 / 3)
+    assert close(adv, [[s, -s, s, -s], [t, -t, 0.0, 0.0]])
+
+
+def test_group_advantages_without_std():
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0], [4.0, 2.0, 0.0, 2.0]]), normalize_std=False)
+    assert close(adv, [[0.5, -0.5, 0.5, -0.5], [2.0, 0.0, -2.0, 0.0]])
+
+
+def test_equal_rewards_and_singleton_groups_give_zero_not_nan():
+    adv = group_advantages(torch.tensor([[0.7, 0.7, 0.7], [0.0, 0.0, 0.0]]))
+    assert torch.equal(adv, torch.zeros(2, 3))
+    single = group_advantages(torch.tensor([[5.0], [1.0]]))
+    assert torch.equal(single, torch.zeros(2, 1))
+
+
+def test_group_advantages_rejects_flat_rewards():
+    with pytest.raises(ValueError, match=r"rewards has shape \(4,\), expected \[num_groups, n\]; reshape"):
+        group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
+
+
+# ---- log-probs -----------------------------------------------------------------------------
+
+
+def test_token_logprobs_exact():
+    logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(2.0), 0.0]]])  # [1, 2, 2]
+    lp = token_logprobs(logits, torch.tensor([[1, 1]]))
+    assert close(lp, [[math.log(0.75), math.log(1 / 3)]])
+    hot = token_logprobs(logits, torch.tensor([[1, 0]]), temperature=2.0)
+    r3, r2 = math.sqrt(3.0), math.sqrt(2.0)
+    assert close(hot, [[math.log(r3 / (1 + r3)), math.log(r2 / (1 + r2))]])
+
+
+def test_token_logprobs_is_float32_for_half_logits():
+    logits = torch.zeros(1, 3, 4, dtype=torch.bfloat16)
+    lp = token_logprobs(logits, torch.tensor([[0, 1, 3]]))
+    assert lp.dtype == torch.float32 and close(lp, torch.full((1, 3), math.log(0.25)))
+
+
+# ---- PPO clip --------------------------------------------------------------------------------
+
+# seq 0 (A=+1) ratios 1.5, 0.5; seq 1 (A=-1) ratios 1.1, 0.7; clip 0.2:
+# per-token loss  [-1.2 (clipped), -0.5], [1.1, 0.8 (clipped)]
+RATIOS = torch.tensor([[1.5, 0.5], [1.1, 0.7]])
+ADV = torch.tensor([1.0, -1.0])
+
+
+def _loss(mask, **kw):
+    lp = torch.log(RATIOS).clone().requires_grad_(True)
+    loss, metrics = ppo_clip_loss(lp, torch.zeros(2, 2), ADV, mask, **kw)
+    return lp, loss, metrics
+
+
+def test_ppo_clip_token_mean_values_and_gradient():
+    lp, loss, metrics = _loss(torch.ones(2, 2))
+    assert close(loss, 0.2 / 4)
+    assert close(metrics["clip_frac"], 0.5)
+    assert close(metrics["ratio_mean"], (1.5 + 0.5 + 1.1 + 0.7) / 4)
+    assert close(metrics["approx_kl"], -torch.log(RATIOS).mean())
+    loss.backward()
+    # d/dlogp of -A*ratio is -A*ratio; clipped tokens have zero gradient.
+    assert close(lp.grad, [[0.0, -0.5 / 4], [1.1 / 4, 0.0]])
+
+
+def test_ppo_clip_masked_token_mean_and_seq_mean():
+    mask = torch.tensor([[1, 1], [1, 0]])
+    _, loss, metrics = _loss(mask)
+    assert close(loss, (-1.2 - 0.5 + 1.1) / 3)
+    assert close(metrics["clip_frac"], 1 / 3)
+    _, seq_loss, _ = _loss(mask, aggregation="seq-mean-token-mean")
+    assert close(seq_loss, ((-1.2 - 0.5) / 2 + 1.1) / 2)
+
+
+def test_ppo_clip_asymmetric_clip_higher():
+    _, loss, _ = _loss(torch.ones(2, 2), clip_low=0.2, clip_high=0.28)
+    assert close(loss, (-1.28 - 0.5 + 1.1 + 0.8) / 4)
+
+
+def test_ppo_clip_per_token_advantages_broadcast_the_same():
+    lp = torch.log(RATIOS)
+    a, _ = ppo_clip_loss(lp, torch.zeros(2, 2), ADV, torch.ones(2, 2))
+    b, _ = ppo_clip_loss(lp, torch.zeros(2, 2), ADV[:, None].expand(2, 2), torch.ones(2, 2))
+    assert close(a, b)
+
+
+def test_empty_mask_gives_zero_loss_and_zero_gradient():
+    lp, loss, metrics = _loss(torch.zeros(2, 2))
+    assert loss.item() == 0.0 and metrics["clip_frac"].item() == 0.0
+    loss.backward()
+    assert torch.equal(lp.grad, torch.zeros(2, 2))
+    _, seq_loss, _ = _loss(torch.zeros(2, 2), aggregation="seq-mean-token-mean")
+    assert seq_loss.item() == 0.0
+
+
+def test_masked_garbage_old_logprobs_cannot_make_nan():
+    lp = torch.zeros(1, 3, requires_grad=True)
+    old = torch.tensor([[0.0, -1e4, float("inf")]])
+    loss, _ = ppo_clip_loss(lp, old, torch.tensor([1.0]), torch.tensor([[1, 0, 0]]))
+    loss.backward()
+    assert close(loss, -1.0) and torch.isfinite(lp.grad).all()
+
+
+def test_global_denominators_make_split_batches_sum_to_the_full_batch():
+    lp = torch.log(RATIOS)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        full, _ = ppo_clip_loss(lp, torch.zeros(2, 2), ADV, mask, aggregation=agg)
+        parts = [
+            ppo_clip_loss(lp[i : i + 1], torch.zeros(1, 2), ADV[i : i + 1], mask[i : i + 1], aggregation=agg, num_tokens=3, num_seqs=2)[0]
+            for i in range(2)
+        ]
+        assert close(parts[0] + parts[1], full), agg
+
+
+def test_unknown_aggregation_is_rejected():
+    with pytest.raises(ValueError, match=r"aggregation='sum' is unknown; use one of \('token-mean', 'seq-mean-token-mean'\)"):
+        masked_aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum")
+
+
+# ---- KL --------------------------------------------------------------------------------------
+
+
+def test_kl_estimators_exact():
+    lp = torch.full((1, 2), math.log(0.5))
+    ref = torch.full((1, 2), math.log(0.25))
+    mask = torch.tensor([[1, 0]])
+    ln2 = math.log(2.0)
+    assert close(kl_penalty(lp, ref, mask, kind="k1"), ln2)
+    assert close(kl_penalty(lp, ref, mask, kind="k2"), 0.5 * ln2 * ln2)
+    assert close(kl_penalty(lp, ref, mask, kind="k3"), 0.5 + ln2 - 1.0)
+    assert kl_penalty(lp, lp, mask).item() == 0.0
+    assert kl_penalty(lp, ref, torch.zeros(1, 2)).item() == 0.0
+    assert kl_penalty(lp, torch.tensor([[math.log(0.25), float("-inf")]]), mask).isfinite()
+
+
+def test_unknown_kl_kind_is_rejected():
+    with pytest.raises(ValueError, match=r"kind='k4' is unknown; use one of \('k1', 'k2', 'k3'\)"):
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), kind="k4")
