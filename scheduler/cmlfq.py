@@ -1,0 +1,80 @@
+"""C-MLFQ: causality-driven multi-level feedback queue over heterogeneous rollout buckets.
+
+Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
+1. Admission: every request starts in the shortest bucket that has instances, on the
+   least-loaded instance there (tokens in flight, ties to the lower id).
+2. Tool return: the outcome state (tool, size class, status) advances the request's cursor in
+   the causal prefix tree (its prompt's tree and the global one). The estimate of the tokens
+   still to come gives two predicted totals, tokens_so_far + mean and tokens_so_far + p90. Each
+   maps to the shortest active bucket whose limit fits it; the request migrates to the shorter
+   of the two if that is longer than its current bucket (both signals must agree), else stays.
+   The engine re-prefills it on the target.
+3. Decode boundary: a request that outgrew its bucket's limit without a tool return is demoted
+   to the bucket that fits its tokens (the MLFQ safety net; `RouterConfig.demote`).
+4. Finish: the request's (prompt, outcomes, tokens at each, total) record feeds the tree, which
+   is rebuilt every `rebuild_every` finishes from the last `window` records. `tree_json` /
+   `load_tree_json` warm-start a run from the previous one's tree.
+
+Never to a shorter bucket, at most one migration per event, O(1) per event (plus a re-walk of the
+request's own outcome list once after a rebuild).
+
+Invariants (tests/test_scheduler_cmlfq.py): trained on traces where a failure outcome is followed
+by long continuations and success by short ones, a failure migrates and a success stays; no
+migration without tree evidence unless the token limit is exceeded; decisions are deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scheduler.api import Decision, OutcomeState
+from scheduler.prefix_tree import CausalPrefixTree
+from scheduler.routers import BaseRouter, RouterConfig, _Req
+
+logger = logging.getLogger(__name__)
+
+
+class CMLFQRouter(BaseRouter):
+    name = "cmlfq"
+
+    def __init__(self, cfg: RouterConfig | None = None, tree: CausalPrefixTree | None = None) -> None:
+        super().__init__(cfg)
+        self.tree = tree or CausalPrefixTree(self.cfg.tree)
+        self.num_causal_migrations = 0
+
+    def _on_admit(self, req: _Req) -> None:
+        req.cursor = self.tree.cursor(req.prompt_id)
+
+    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+        self.tree.advance(req.cursor, outcome)
+        est = self.tree.estimate(req.cursor)
+        if est is not None:
+            mean_total, tail_total = req.tokens + est.mean, req.tokens + est.tail
+            target = min(self._bucket_for_tokens(mean_total), self._bucket_for_tokens(tail_total))
+            if target > req.bucket:
+                self.num_causal_migrations += 1
+                reason = f"cmlfq[{est.source}] mean={mean_total:.0f} p={tail_total:.0f} n={est.count}"
+                return self._migrate(req, target, reason)
+        return (self.cfg.demote and self._demotion(req)) or self._stay(req)
+
+    def _on_decode(self, req: _Req) -> Decision:
+        if self.cfg.demote:
+            return self._demotion(req) or self._stay(req)
+        return self._stay(req)
+
+    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+        if self.tree.add(self.record_of(req, total_tokens)):
+            logger.debug("prefix tree rebuilt from %d trajectories (generation %d)", self.tree.num_records,
+                         self.tree.generation)
+
+    # ---- warm start (the caller reads/writes the file) -------------------------------------
+    def tree_json(self) -> str:
+        return self.tree.to_json()
+
+    def load_tree_json(self, text: str) -> None:
+        self.tree = CausalPrefixTree.from_json(text, self.cfg.tree)
+        for req in self._reqs.values():
+            outcomes = req.cursor.outcomes if req.cursor is not None else []
+            req.cursor = self.tree.cursor(req.prompt_id)
+            req.cursor.outcomes = list(outcomes)
+            req.cursor.generation = -1  # forces a re-walk in the new tree

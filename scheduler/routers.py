@@ -1,0 +1,318 @@
+"""Request routers over a rollout layout: shared bookkeeping plus the baseline policies.
+
+Every router implements the `Router` protocol of `scheduler/api.py`. `BaseRouter` does what they
+all share:
+
+1. `set_layout` indexes the role map: the *active* buckets are those with at least one instance;
+   a bucket's effective limit is its `max_tokens`, except that the longest active bucket is
+   unbounded (it takes whatever outgrows the others). Requests whose instance vanished are
+   re-homed (same bucket if it still has instances, else the bucket that fits their tokens).
+2. Load is tokens in flight per instance (prompt + generated so far), updated on every event,
+   so "least loaded" means least KV/decode work, not fewest requests. Ties go to the lower
+   instance id, which keeps routing deterministic.
+3. The router remembers each request's outcomes and the tokens at each, so `on_finish` can
+   hand a complete `TrajectoryRecord` to whoever learns from it (C-MLFQ's prefix tree).
+
+Policies here (C-MLFQ is in `scheduler/cmlfq.py`):
+- `LeastLoadRouter` (`least_load`): least-loaded instance over all instances, never migrates.
+- `LengthAwareRouter` (`length_aware`): predicts a prompt's length as the mean of its last
+  finished trajectories and routes once, at admission, to the bucket that fits; never migrates.
+- `LAMLFQRouter` (`la_mlfq`): starts in the shortest bucket and is demoted when its tokens
+  outgrow the bucket's limit (token thresholds only, no causal signal).
+- `OracleRouter` (`oracle`, simulator only): told each request's true length by `hint`.
+
+Invariants (tests/test_scheduler_routers.py): a route or decision only names an instance of the
+current layout and that instance's bucket; a migration only goes to a strictly longer bucket;
+every admitted request stays tracked until finish/cancel, including across `set_layout`; the
+same event sequence gives the same decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from scheduler.api import Decision, OutcomeState, Route
+from scheduler.layout import Bucket, RoleMap
+from scheduler.prefix_tree import PrefixTreeConfig, TrajectoryRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    bucket_names: tuple[str, ...] = ("short", "medium", "long")  # bucket names, short to long
+    bucket_max_tokens: tuple[int, ...] = (4096, 12288)  # limits of all buckets but the last (unbounded)
+    tree: PrefixTreeConfig = field(default_factory=PrefixTreeConfig)  # C-MLFQ prefix tree settings
+    demote: bool = True  # C-MLFQ: also demote on token limits at decode boundaries (safety net)
+    length_history: int = 8  # length_aware: finished trajectories remembered per prompt
+
+    def __post_init__(self) -> None:
+        n, lim = len(self.bucket_names), self.bucket_max_tokens
+        if n < 1 or len(set(self.bucket_names)) != n:
+            raise ValueError(f"RouterConfig: bucket_names={self.bucket_names} must be non-empty and unique")
+        if len(lim) != n - 1:
+            raise ValueError(
+                f"RouterConfig: bucket_max_tokens={lim} has {len(lim)} limits for {n} buckets; give {n - 1} "
+                "(the last bucket is unbounded)"
+            )
+        if any(x < 1 for x in lim) or any(a >= b for a, b in zip(lim, lim[1:])):
+            raise ValueError(f"RouterConfig: bucket_max_tokens={lim} must be positive and strictly increasing")
+        if self.length_history < 1:
+            raise ValueError(f"RouterConfig: length_history={self.length_history} must be >= 1")
+
+    def buckets(self) -> tuple[Bucket, ...]:
+        limits = (*self.bucket_max_tokens, None)
+        return tuple(Bucket(name=n, max_tokens=m) for n, m in zip(self.bucket_names, limits))
+
+
+def cpu_router_config(**overrides) -> RouterConfig:
+    """Limits for tiny CPU models, whose trajectories are ~100-2000 tokens."""
+    base = dict(bucket_max_tokens=(512, 1536), tree=PrefixTreeConfig(window=500, rebuild_every=16))
+    base.update(overrides)
+    return RouterConfig(**base)
+
+
+class _Req:
+    __slots__ = ("request_id", "prompt_id", "prompt_tokens", "instance_id", "bucket", "tokens",
+                 "outcomes", "tokens_at", "cursor", "num_migrations")
+
+    def __init__(self, request_id: str, prompt_id: str, prompt_tokens: int) -> None:
+        self.request_id, self.prompt_id, self.prompt_tokens = request_id, prompt_id, prompt_tokens
+        self.instance_id, self.bucket, self.tokens = -1, -1, prompt_tokens
+        self.outcomes: list[OutcomeState] = []
+        self.tokens_at: list[int] = []
+        self.cursor = None
+        self.num_migrations = 0
+
+
+class BaseRouter:
+    """Bookkeeping shared by all routers; subclasses override the `_admit_bucket`/`_on_*` hooks."""
+
+    name = "base"
+
+    def __init__(self, cfg: RouterConfig | None = None) -> None:
+        self.cfg = cfg or RouterConfig()
+        self.role_map: RoleMap | None = None
+        self._reqs: dict[str, _Req] = {}
+        self._load: dict[int, int] = {}
+        self._by_bucket: dict[int, list[int]] = {}
+        self._inst_bucket: dict[int, int] = {}
+        self._active: list[int] = []
+        self._limit: dict[int, int | None] = {}
+        self.num_migrations = 0
+        self.num_demotions = 0
+
+    # ---- layout --------------------------------------------------------------------------
+    def set_layout(self, role_map: RoleMap, now: float) -> dict[str, Route]:
+        names = [b.name for b in role_map.buckets]
+        old_names = [b.name for b in self.role_map.buckets] if self.role_map else names
+        self.role_map = role_map
+        self._by_bucket = {}
+        self._inst_bucket = {}
+        for inst in role_map.instances:
+            bi = names.index(inst.bucket)
+            self._by_bucket.setdefault(bi, []).append(inst.instance_id)
+            self._inst_bucket[inst.instance_id] = bi
+        self._active = sorted(self._by_bucket)
+        self._limit = {bi: role_map.buckets[bi].max_tokens for bi in self._active}
+        self._limit[self._active[-1]] = None
+        self._load = {inst.instance_id: 0 for inst in role_map.instances}
+        moved: dict[str, Route] = {}
+        for req in self._reqs.values():
+            self._rehome(req, old_names, names, moved)
+            self._load[req.instance_id] += req.tokens
+        return moved
+
+    def _rehome(self, req: _Req, old_names: list[str], names: list[str], moved: dict[str, Route]) -> None:
+        if req.instance_id in self._inst_bucket:
+            req.bucket = self._inst_bucket[req.instance_id]
+            return
+        old = old_names[req.bucket] if 0 <= req.bucket < len(old_names) else None
+        bi = names.index(old) if old in names else -1
+        if bi not in self._by_bucket:
+            bi = self._bucket_for_tokens(req.tokens)
+        req.bucket, req.instance_id = bi, self._pick(bi)
+        moved[req.request_id] = Route(req.instance_id, names[bi])
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _pick(self, bucket: int) -> int:
+        load = self._load
+        return min(self._by_bucket[bucket], key=lambda i: (load[i], i))
+
+    def _bucket_for_tokens(self, tokens: float) -> int:
+        for bi in self._active:
+            lim = self._limit[bi]
+            if lim is None or tokens <= lim:
+                return bi
+        return self._active[-1]
+
+    def _route(self, req: _Req) -> Route:
+        return Route(req.instance_id, self.role_map.buckets[req.bucket].name)
+
+    def _stay(self, req: _Req, reason: str = "") -> Decision:
+        return Decision("stay", req.instance_id, self.role_map.buckets[req.bucket].name, reason)
+
+    def _migrate(self, req: _Req, bucket: int, reason: str) -> Decision:
+        assert bucket > req.bucket, "migrations only go to longer buckets"
+        self._load[req.instance_id] -= req.tokens
+        req.bucket, req.instance_id = bucket, self._pick(bucket)
+        self._load[req.instance_id] += req.tokens
+        req.num_migrations += 1
+        self.num_migrations += 1
+        return Decision("migrate", req.instance_id, self.role_map.buckets[bucket].name, reason)
+
+    def _get(self, request_id: str) -> _Req:
+        req = self._reqs.get(request_id)
+        if req is None:
+            raise KeyError(f"{self.name} router: request {request_id!r} is not in flight (never admitted, or finished)")
+        return req
+
+    def _set_tokens(self, req: _Req, tokens: int) -> None:
+        self._load[req.instance_id] += tokens - req.tokens
+        req.tokens = tokens
+
+    def _demotion(self, req: _Req) -> Decision | None:
+        lim = self._limit[req.bucket]
+        if lim is None or req.tokens <= lim:
+            return None
+        # Departure from textbook MLFQ: jump straight to the bucket that fits, since each hop costs a re-prefill.
+        self.num_demotions += 1
+        return self._migrate(req, self._bucket_for_tokens(req.tokens), f"demote tokens={req.tokens}>{lim}")
+
+    # ---- protocol --------------------------------------------------------------------------
+    def admit(self, request_id: str, prompt_id: str, prompt_tokens: int, now: float) -> Route:
+        if self.role_map is None:
+            raise RuntimeError(f"{self.name} router: admit({request_id!r}) before set_layout; give it a role map first")
+        if request_id in self._reqs:
+            logger.debug("request %s admitted again while in flight; replacing it", request_id)
+            self.on_cancel(request_id, now)
+        req = _Req(request_id, prompt_id, int(prompt_tokens))
+        bi, iid = self._admit_target(req)
+        req.bucket, req.instance_id = bi, iid
+        self._load[iid] += req.tokens
+        self._reqs[request_id] = req
+        self._on_admit(req)
+        return self._route(req)
+
+    def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Decision:
+        req = self._get(request_id)
+        self._set_tokens(req, tokens_so_far)
+        req.outcomes.append(outcome)
+        req.tokens_at.append(tokens_so_far)
+        return self._on_tool(req, outcome)
+
+    def on_decode(self, request_id: str, tokens_so_far: int, now: float) -> Decision:
+        req = self._reqs.get(request_id) or self._get(request_id)
+        self._set_tokens(req, tokens_so_far)
+        return self._on_decode(req)
+
+    def on_finish(self, request_id: str, total_tokens: int, now: float) -> None:
+        req = self._get(request_id)
+        self._drop(req)
+        self._on_finish(req, int(total_tokens))
+
+    def on_cancel(self, request_id: str, now: float) -> None:
+        req = self._reqs.get(request_id)
+        if req is not None:  # cancel is idempotent: the coordinator may cancel after a finish raced it
+            self._drop(req)
+
+    def _drop(self, req: _Req) -> None:
+        self._load[req.instance_id] -= req.tokens
+        del self._reqs[req.request_id]
+
+    def record_of(self, req: _Req, total_tokens: int) -> TrajectoryRecord:
+        return TrajectoryRecord(prompt_id=req.prompt_id, prompt_tokens=req.prompt_tokens, outcomes=tuple(req.outcomes),
+                                tokens_at=tuple(req.tokens_at), total_tokens=total_tokens)
+
+    # ---- introspection (tests, metrics) ------------------------------------------------------
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._reqs)
+
+    def load(self) -> dict[int, int]:
+        return dict(self._load)
+
+    def route_of(self, request_id: str) -> Route:
+        return self._route(self._get(request_id))
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def _admit_target(self, req: _Req) -> tuple[int, int]:
+        bi = self._active[0]
+        return bi, self._pick(bi)
+
+    def _on_admit(self, req: _Req) -> None:
+        pass
+
+    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+        return self._stay(req)
+
+    def _on_decode(self, req: _Req) -> Decision:
+        return self._stay(req)
+
+    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+        pass
+
+
+class LeastLoadRouter(BaseRouter):
+    """Least tokens in flight over every instance, whatever bucket it serves; never migrates."""
+
+    name = "least_load"
+
+    def _admit_target(self, req: _Req) -> tuple[int, int]:
+        load = self._load
+        iid = min(load, key=lambda i: (load[i], i))
+        return self._inst_bucket[iid], iid
+
+
+class LengthAwareRouter(BaseRouter):
+    """Routes once at admission by the mean length of the prompt's past trajectories."""
+
+    name = "length_aware"
+
+    def __init__(self, cfg: RouterConfig | None = None) -> None:
+        super().__init__(cfg)
+        self._history: dict[str, deque[int]] = {}
+
+    def predict(self, prompt_id: str) -> float | None:
+        h = self._history.get(prompt_id)
+        return sum(h) / len(h) if h else None
+
+    def _admit_target(self, req: _Req) -> tuple[int, int]:
+        pred = self.predict(req.prompt_id)
+        bi = self._active[0] if pred is None else self._bucket_for_tokens(pred)
+        return bi, self._pick(bi)
+
+    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+        self._history.setdefault(req.prompt_id, deque(maxlen=self.cfg.length_history)).append(total_tokens)
+
+
+class LAMLFQRouter(BaseRouter):
+    """Length-threshold MLFQ: shortest bucket first, demoted when tokens outgrow the bucket."""
+
+    name = "la_mlfq"
+
+    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+        return self._demotion(req) or self._stay(req)
+
+    def _on_decode(self, req: _Req) -> Decision:
+        return self._demotion(req) or self._stay(req)
+
+
+class OracleRouter(BaseRouter):
+    """Clairvoyant (simulator only): `hint(request_id, total_tokens)` before `admit`."""
+
+    name = "oracle"
+
+    def __init__(self, cfg: RouterConfig | None = None) -> None:
+        super().__init__(cfg)
+        self._hints: dict[str, int] = {}
+
+    def hint(self, request_id: str, total_tokens: int) -> None:
+        self._hints[request_id] = int(total_tokens)
+
+    def _admit_target(self, req: _Req) -> tuple[int, int]:
+        total = self._hints.pop(req.request_id, None)
+        bi = self._active[0] if total is None else self._bucket_for_tokens(total)
+        return bi, self._pick(bi)
