@@ -1,0 +1,92 @@
+"""The control plane: pickled messages between the coordinator and worker ranks over a TCPStore.
+
+Tensors (weights, training math) move over torch.distributed groups; everything else
+(commands, events, trajectories, metrics) moves through per-rank queues on the rendezvous
+TCPStore (`queue_push`/`queue_pop`). Queues can be polled without blocking, which
+point-to-point object collectives cannot, so a rollout rank keeps decoding while it waits for
+commands, and the coordinator gathers events from many ranks at once. The same store works
+under our launcher (the launcher hosts it) and under torchrun (the agent's store), so the same
+code runs on one node or many.
+
+Each rank also publishes a heartbeat (`hb/<rank>` = wall time, rewritten by its main loop) that
+the coordinator checks to detect a hung rank.
+
+Invariants (tests/test_control.py): messages from one sender to one receiver arrive in order
+and exactly once; `recv` with a timeout raises TimeoutError naming the awaited rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+COORDINATOR = 0  # global rank of the coordinator; workers are global ranks 1..N
+
+
+def host_store(timeout_s: float = 60.0) -> dist.TCPStore:
+    """Start a TCPStore server on a free loopback port (the launcher hosts it)."""
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+def connect_store(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def store_from_env(rank: int, timeout_s: float = 60.0) -> dist.TCPStore:
+    """Under torchrun: the agent's store (TORCHELASTIC_USE_AGENT_STORE) or one hosted by rank 0."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    is_master = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    return dist.TCPStore(
+        host, port, is_master=is_master, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+class Mailbox:
+    """Ordered message queues keyed by destination rank on a shared store."""
+
+    def __init__(self, store: dist.Store, rank: int, *, namespace: str = "libra"):
+        self.store = store
+        self.rank = rank
+        self.ns = namespace
+
+    def _queue(self, rank: int) -> str:
+        return f"{self.ns}/mb/{rank}"
+
+    def send(self, dst: int, msg: Any) -> None:
+        self.store.queue_push(self._queue(dst), pickle.dumps((self.rank, msg), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def poll(self, max_messages: int = 1 << 30) -> list[tuple[int, Any]]:
+        """Every message waiting for this rank, oldest first, without blocking."""
+        key = self._queue(self.rank)
+        n = min(self.store.queue_len(key), max_messages)
+        return [pickle.loads(self.store.queue_pop(key, False)) for _ in range(n)]
+
+    def recv(self, *, timeout_s: float, expect_from: str = "any rank") -> tuple[int, Any]:
+        """Block until one message arrives; TimeoutError says what was awaited."""
+        deadline = time.monotonic() + timeout_s
+        wait = 0.0005
+        key = self._queue(self.rank)
+        while True:
+            if self.store.queue_len(key):
+                return pickle.loads(self.store.queue_pop(key, False))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: no message from {expect_from} within {timeout_s:.0f} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 0.01)
+
+    # ---- heartbeats ------------------------------------------------------------------------
+    def beat(self) -> None:
+        self.store.set(f"{self.ns}/hb/{self.rank}", repr(time.time()))
+
+    def last_beat(self, rank: int) -> float | None:
+        key = f"{self.ns}/hb/{rank}"
+        if not self.store.check([key]):
+            return None
+        return float(self.store.get(key).decode())

@@ -1,0 +1,131 @@
+"""Role map -> process groups, rebuilt at step boundaries in one deterministic order.
+
+Every process in the default group (coordinator included) calls `GroupManager.apply(role_map)`
+with the same map at the same step boundary:
+
+  1. agree: each rank writes (rebuild epoch, role-map version, digest) to the store and waits for
+     all others; a rank that is missing or holds another version fails loudly with the ranks
+     named (a skipped `new_group` would otherwise hang everyone: PLATFORM.md);
+  2. destroy the previous groups;
+  3. create the new ones, always in this order: trainer group, one TP group per rollout
+     instance with TP > 1 (by instance id), the weight-sync group (first trainer rank + every
+     rollout rank).
+
+Role maps number worker ranks 0..N-1; with a coordinator at global rank 0 (our launcher and
+torchrun alike) worker i is global rank i + `rank_offset`.
+
+Invariants (tests/test_groups.py): after any sequence of valid maps, a collective in every new
+group sums over exactly its members; version disagreement raises instead of hanging; rebuilds
+do not leak threads or file descriptors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from scheduler.layout import RoleMap
+
+log = logging.getLogger(__name__)
+
+
+def role_map_digest(role_map: RoleMap) -> str:
+    return hashlib.sha1(json.dumps(role_map.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Groups:
+    """The groups of one role-map version, as seen from one rank (None where not a member)."""
+
+    role_map: RoleMap
+    trainer: dist.ProcessGroup | None = None
+    tp: dict[int, dist.ProcessGroup] = field(default_factory=dict)  # instance id -> TP group (TP > 1)
+    sync: dist.ProcessGroup | None = None
+    sync_src: int = -1  # global rank that broadcasts weights in `sync`
+    owned: list[dist.ProcessGroup] = field(default_factory=list)  # every group created (members or not)
+
+
+class GroupManager:
+    def __init__(self, store: dist.Store, *, global_rank: int, world_size: int, rank_offset: int, timeout_s: float = 60.0):
+        self.store = store
+        self.global_rank = global_rank
+        self.world_size = world_size  # processes in the default group
+        self.rank_offset = rank_offset
+        self.timeout_s = timeout_s
+        self.epoch = 0
+        self.current: Groups | None = None
+
+    def to_global(self, worker_ranks) -> list[int]:
+        return [r + self.rank_offset for r in worker_ranks]
+
+    def apply(self, role_map: RoleMap) -> Groups:
+        role_map.validate()
+        need = role_map.world_size + self.rank_offset
+        if need != self.world_size:
+            raise ValueError(
+                f"role map v{role_map.version} places {role_map.world_size} workers (+{self.rank_offset} coordinator) "
+                f"but the process group has {self.world_size} ranks; plan for {self.world_size - self.rank_offset} workers"
+            )
+        self._agree(role_map)
+        self.destroy()
+        self.current = self._build(role_map)
+        return self.current
+
+    def _agree(self, role_map: RoleMap) -> None:
+        self.epoch += 1
+        mine = f"{role_map.version}:{role_map_digest(role_map)}"
+        prefix = f"libra/rolemap/{self.epoch}"
+        self.store.set(f"{prefix}/{self.global_rank}", mine)
+        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # the store raises its own timeout types; name the missing ranks
+            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            raise RuntimeError(
+                f"rank {self.global_rank}: ranks {missing} did not confirm role map v{role_map.version} "
+                f"(rebuild #{self.epoch}) within {self.timeout_s:.0f} s; they are dead, hung or on another step"
+            ) from exc
+        seen = {r: self.store.get(k).decode() for r, k in enumerate(keys)}
+        wrong = {r: v for r, v in seen.items() if v != mine}
+        if wrong:
+            raise RuntimeError(
+                f"rank {self.global_rank}: role map disagreement at rebuild #{self.epoch}: this rank has "
+                f"v{mine}, ranks {sorted(wrong)} have {sorted(set(wrong.values()))}; refusing to build groups"
+            )
+        if self.epoch > 2:  # keep the store small over long runs
+            self.store.delete_key(f"libra/rolemap/{self.epoch - 2}/{self.global_rank}")
+
+    def _new_group(self, worker_ranks, groups: Groups) -> dist.ProcessGroup | None:
+        ranks = sorted(self.to_global(worker_ranks))
+        pg = dist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=self.timeout_s))
+        groups.owned.append(pg)
+        return pg if self.global_rank in ranks else None
+
+    def _build(self, role_map: RoleMap) -> Groups:
+        groups = Groups(role_map=role_map)
+        groups.trainer = self._new_group(role_map.trainer_ranks, groups)
+        for inst in sorted(role_map.instances, key=lambda i: i.instance_id):
+            if inst.tp > 1:
+                pg = self._new_group(inst.ranks, groups)
+                if pg is not None:
+                    groups.tp[inst.instance_id] = pg
+        src = role_map.trainer_ranks[0]
+        sync_members = sorted({src, *role_map.rollout_ranks})
+        if len(sync_members) > 1:
+            groups.sync = self._new_group(sync_members, groups)
+        groups.sync_src = src + self.rank_offset
+        log.debug("rank %d built groups for %s", self.global_rank, role_map.describe())
+        return groups
+
+    def destroy(self) -> None:
+        if self.current is None:
+            return
+        for pg in self.current.owned:
+            if pg is not None and pg != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(pg)
+        self.current = None

@@ -1,0 +1,159 @@
+"""Trainer -> rollout weight transfer over the sync group, versioned and applied atomically.
+
+Algorithm:
+  1. Both sides derive the same manifest (parameter names, shapes, dtypes, in state-dict order)
+     from their own model and cut it into buckets of at most `bucket_size_mb`, one dtype each.
+  2. The sender broadcasts a header (policy version, manifest hash, bytes), then each bucket as
+     one flat tensor (one `broadcast` per bucket instead of one per parameter).
+  3. A receiver fills fresh staging tensors and only then publishes the whole version at once
+     through `VersionedWeights` (a lock-guarded swap), so a reader sees version v or v+1, never a
+     mix. The rollout engine applies the published dict between decode iterations.
+
+The receiver takes a `shard_fn(name, full_tensor) -> tensor` hook: identity for full replicas,
+the TP slice for tensor-parallel receivers (the seam for sharded receivers).
+
+Invariants (tests/test_weights.py): received tensors are bit-exact and carry the sender's
+version; a reader never observes a half-applied version; a manifest mismatch (another model)
+raises naming both hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def manifest(named: dict[str, torch.Tensor]) -> list[TensorSpec]:
+    return [TensorSpec(k, tuple(v.shape), v.dtype) for k, v in named.items()]
+
+
+def manifest_hash(specs: list[TensorSpec]) -> int:
+    text = ";".join(f"{s.name}:{s.shape}:{s.dtype}" for s in specs)
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:7], "big")  # fits an int64
+
+
+def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
+    """Consecutive specs of one dtype, each bucket at most `bucket_bytes` (a bigger tensor is alone)."""
+    buckets: list[list[TensorSpec]] = []
+    cur: list[TensorSpec] = []
+    cur_bytes = 0
+    for s in specs:
+        nbytes = s.numel * s.dtype.itemsize
+        if cur and (s.dtype != cur[0].dtype or cur_bytes + nbytes > bucket_bytes):
+            buckets.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(s)
+        cur_bytes += nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+class VersionedWeights:
+    """The latest complete version a receiver holds; swapped whole under a lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version = -1
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    def publish(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            assert version > self._version, f"policy version went back: {self._version} -> {version}"
+            self._version, self._tensors = version, tensors
+
+    def read(self) -> tuple[int, dict[str, torch.Tensor]]:
+        with self._lock:
+            return self._version, self._tensors
+
+
+@dataclass
+class TransferStats:
+    version: int
+    num_bytes: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.num_bytes / max(self.seconds, 1e-9) / 1e9
+
+
+class _Endpoint:
+    def __init__(self, group: dist.ProcessGroup, src: int, *, bucket_size_mb: float, device: torch.device):
+        if bucket_size_mb <= 0:
+            raise ValueError(f"sync bucket_size_mb={bucket_size_mb} must be > 0; 32-256 MB suits most links")
+        self.group, self.src, self.device = group, src, device
+        self.bucket_bytes = int(bucket_size_mb * 2**20)
+
+    def _header(self, values: list[int]) -> torch.Tensor:
+        h = torch.tensor(values, dtype=torch.int64)
+        dist.broadcast(h, src=self.src, group=self.group)
+        return h
+
+
+class WeightSender(_Endpoint):
+    def send(self, named: dict[str, torch.Tensor], version: int) -> TransferStats:
+        t0 = time.perf_counter()
+        specs = manifest(named)
+        total = sum(s.numel * s.dtype.itemsize for s in specs)
+        self._header([version, manifest_hash(specs), total])
+        for bucket in plan_buckets(specs, self.bucket_bytes):
+            flat = torch.cat([named[s.name].detach().reshape(-1) for s in bucket]).to(self.device)
+            dist.broadcast(flat, src=self.src, group=self.group)
+        return TransferStats(version, total, time.perf_counter() - t0)
+
+
+class WeightReceiver(_Endpoint):
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        src: int,
+        specs: list[TensorSpec],
+        *,
+        bucket_size_mb: float,
+        device: torch.device,
+        shard_fn: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    ):
+        super().__init__(group, src, bucket_size_mb=bucket_size_mb, device=device)
+        self.specs = specs
+        self.hash = manifest_hash(specs)
+        self.shard_fn = shard_fn or (lambda name, t: t)
+        self.weights = VersionedWeights()
+
+    def recv(self) -> TransferStats:
+        """Receive one version completely, then publish it; returns the transfer stats."""
+        t0 = time.perf_counter()
+        version, their_hash, total = self._header([0, 0, 0]).tolist()
+        if their_hash != self.hash:
+            raise RuntimeError(
+                f"weight manifest mismatch: the trainer sends manifest {their_hash:x}, this rollout rank "
+                f"expects {self.hash:x}; trainer and rollout must load the same model architecture"
+            )
+        staged: dict[str, torch.Tensor] = {}
+        for bucket in plan_buckets(self.specs, self.bucket_bytes):
+            flat = torch.empty(sum(s.numel for s in bucket), dtype=bucket[0].dtype, device=self.device)
+            dist.broadcast(flat, src=self.src, group=self.group)
+            for s, piece in zip(bucket, torch.split(flat, [s.numel for s in bucket])):
+                staged[s.name] = self.shard_fn(s.name, piece.view(s.shape))
+        self.weights.publish(version, staged)
+        return TransferStats(version, total, time.perf_counter() - t0)
