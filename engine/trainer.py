@@ -1,0 +1,339 @@
+"""GRPO trainer over a trainer process group (FSDP2 when the group has more than one rank).
+
+Every trainer rank calls `train_step` with the SAME full list of trajectories; the trainer
+shards the batch itself, so no rank needs to be told its part.
+
+Algorithm of one `train_step(trajectories, policy_version)`:
+  1. Advantages per `group_id` from `reward` (`engine.algos.group_advantages`).
+  2. Plan (identical on every rank, no communication): trajectories sorted longest first go to
+     the rank with the fewest tokens so far (ties: lowest rank); each rank packs its share,
+     longest first, into micro-batches of at most `micro_batch_tokens` padded tokens. Ranks
+     with fewer micro-batches run padding micro-batches (mask all 0) because every FSDP2
+     forward is a collective all-gather.
+  3. Per micro-batch: forward, float32 token log-probs, PPO-clip loss with the global
+     denominators of the whole step (so micro-batches and ranks sum to the full-batch loss),
+     plus `kl_coef` * KL to a frozen copy of the initial policy, backward.
+  4. Behaviour log-probs: the rollout's `logprobs`, or (`recompute_logprobs`) the current
+     policy's own. With one optimizer step per train_step the current policy before the step is
+     exactly what the training forward evaluates, so recomputing costs no extra forward: the
+     detached log-probs of that same forward are used (ratio 1 on those tokens).
+  5. Clip the gradient norm, AdamW step, `policy_version += 1`. A batch whose advantages are
+     all zero (and no KL) carries no signal: the optimizer does not step, so weight decay and
+     Adam's step count leave the weights exactly as they were.
+
+Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
+change otherwise; loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
+reference; the plan covers every trajectory exactly once; staleness beyond `max_staleness`
+or a policy_version mismatch is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engine.algos import AGGREGATIONS, KL_KINDS, group_advantages, kl_penalty, ppo_clip_loss, token_logprobs
+from engine.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+RECOMPUTE_MODES = ("stale", "always", "never")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decay rates
+    adam_eps: float = 1e-8  # AdamW denominator epsilon
+    grad_clip: float = 1.0  # max global L2 norm of the gradient (inf: measure, never clip)
+    clip_low: float = 0.2  # PPO ratio lower bound is 1 - clip_low
+    clip_high: float = 0.2  # PPO ratio upper bound is 1 + clip_high (DAPO clip-higher: 0.28)
+    kl_coef: float = 0.0  # weight of the KL penalty to the initial policy (0: no reference model)
+    kl_kind: str = "k3"  # KL estimator: k1, k2 or k3
+    normalize_std: bool = True  # divide group-centred rewards by the group std (False: Dr. GRPO)
+    adv_eps: float = 1e-6  # added to the group std before dividing
+    aggregation: str = "token-mean"  # loss reduction over tokens: token-mean | seq-mean-token-mean
+    micro_batch_tokens: int = 4096  # padded tokens (sequences x longest) per forward/backward
+    recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
+    max_staleness: int = 1  # refuse tokens generated more than this many versions ago
+    temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be > 0; use e.g. 1e-6..1e-4 for a pretrained policy")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0; use 0.0 to disable it")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas={self.betas} must be two values in [0, 1); use (0.9, 0.999)")
+        if not self.adam_eps > 0:
+            raise ValueError(f"adam_eps={self.adam_eps} must be > 0; use 1e-8")
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip={self.grad_clip} must be > 0; use float('inf') to measure without clipping")
+        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
+            raise ValueError(f"clip_low={self.clip_low}, clip_high={self.clip_high} need 0 <= clip_low < 1 and clip_high >= 0; use 0.2 and 0.2 (or 0.28)")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef={self.kl_coef} must be >= 0; use 0.0 to train without a reference model")
+        if self.kl_kind not in KL_KINDS:
+            raise ValueError(f"kl_kind={self.kl_kind!r} is unknown; use one of {KL_KINDS}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation={self.aggregation!r} is unknown; use one of {AGGREGATIONS}")
+        if self.micro_batch_tokens < 2:
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 2; use a few thousand")
+        if self.recompute_logprobs not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute_logprobs={self.recompute_logprobs!r} is unknown; use one of {RECOMPUTE_MODES}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0; use 0 for on-policy or 1 for one-step async")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0; pass the rollout's sampling temperature")
+
+
+def plan_micro_batches(lengths: list[int], num_ranks: int, micro_batch_tokens: int) -> list[list[list[int]]]:
+    """Deterministic plan: plan[rank][micro] = indices into `lengths`, each index exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    load = [0] * num_ranks
+    shares: list[list[int]] = [[] for _ in range(num_ranks)]
+    for i in order:
+        rank = min(range(num_ranks), key=lambda r: (load[r], r))
+        shares[rank].append(i)
+        load[rank] += lengths[i]
+    plan = []
+    for share in shares:
+        micros: list[list[int]] = []
+        for i in share:  # longest first, so the first member sets the padded width
+            if micros and (len(micros[-1]) + 1) * lengths[micros[-1][0]] <= micro_batch_tokens:
+                micros[-1].append(i)
+            else:
+                micros.append([i])
+        plan.append(micros)
+    return plan
+
+
+def trajectory_advantages(trajectories: list[Trajectory], *, normalize_std: bool, eps: float) -> list[float]:
+    """One advantage per trajectory, normalised within its `group_id` (groups may differ in size)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, traj in enumerate(trajectories):
+        if traj.reward is None:
+            raise ValueError(f"trajectory {traj.request_id} has reward=None; score (or drop) it before training")
+        groups[traj.group_id].append(i)
+    advantages = [0.0] * len(trajectories)
+    for members in groups.values():
+        rewards = torch.tensor([[float(trajectories[i].reward) for i in members]])
+        for i, a in zip(members, group_advantages(rewards, normalize_std=normalize_std, eps=eps)[0].tolist()):
+            advantages[i] = a
+    return advantages
+
+
+def _padding_trajectory() -> Trajectory:
+    return Trajectory(request_id="<pad>", task_id="", group_id="<pad>", prompt_len=2, token_ids=[0, 0],
+                      loss_mask=[0, 0], logprobs=[0.0, 0.0], versions=[-1, -1], reward=0.0)
+
+
+def collate(trajectories: list[Trajectory], advantages: list[float], device) -> dict[str, torch.Tensor]:
+    """Right-padded next-token tensors [B, L-1]: inputs, targets, mask, old log-probs, versions."""
+    width = max(t.num_tokens for t in trajectories)
+    num = len(trajectories)
+    ids = torch.zeros(num, width, dtype=torch.long)
+    attn = torch.zeros(num, width, dtype=torch.long)
+    mask = torch.zeros(num, width)
+    old = torch.zeros(num, width)
+    versions = torch.full((num, width), -1, dtype=torch.long)
+    for row, t in enumerate(trajectories):
+        n = t.num_tokens
+        ids[row, :n] = torch.tensor(t.token_ids)
+        attn[row, :n] = 1
+        mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+        versions[row, :n] = torch.tensor(t.versions)
+    # Position 0 is never predicted; it is prompt by contract (loss mask 0).
+    return {
+        "input_ids": ids[:, :-1].to(device), "attention_mask": attn[:, :-1].to(device),
+        "targets": ids[:, 1:].to(device), "mask": mask[:, 1:].to(device), "old_logprobs": old[:, 1:].to(device),
+        "versions": versions[:, 1:].to(device), "advantages": torch.tensor(advantages, dtype=torch.float32, device=device),
+    }
+
+
+class Trainer:
+    """GRPO on `model`, sharded with FSDP2 over `group` when it has more than one rank."""
+
+    def __init__(self, model: nn.Module, cfg: TrainerConfig, *, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str = "cpu", policy_version: int = 0):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.group = group
+        self.num_ranks = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.policy_version = policy_version
+        model = model.to(self.device)
+        ref = copy.deepcopy(model) if cfg.kl_coef > 0 else None
+        self.model = self._shard(model)
+        self.model.train()
+        self.ref_model = None
+        if ref is not None:
+            ref.requires_grad_(False)
+            self.ref_model = self._shard(ref).eval()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
+            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+        )
+
+    @property
+    def sharded(self) -> bool:
+        return self.num_ranks > 1
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        if not self.sharded:
+            return model
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(self.group, device_type=self.device.type)
+        for layer in getattr(getattr(model, "model", None), "layers", []):
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    # ---- the step ----------------------------------------------------------------------------
+
+    def _check_batch(self, trajectories: list[Trajectory], policy_version: int) -> None:
+        if policy_version != self.policy_version:
+            raise ValueError(f"train_step(policy_version={policy_version}) but the trainer holds version {self.policy_version}; pass trainer.policy_version")
+        if not trajectories:
+            raise ValueError("train_step got no trajectories; skip the step when the batch is empty")
+        for t in trajectories:
+            t.check()
+            used = t.policy_versions
+            if used and used[-1] > policy_version:
+                raise ValueError(f"trajectory {t.request_id} has tokens of version {used[-1]} > trainer version {policy_version}; versions come from the trainer")
+            if used and policy_version - used[0] > self.cfg.max_staleness:
+                raise ValueError(f"trajectory {t.request_id} has staleness {policy_version - used[0]} > max_staleness={self.cfg.max_staleness}; drop it as stale before training")
+
+    def train_step(self, trajectories: list[Trajectory], policy_version: int) -> dict[str, float]:
+        """One GRPO update on the full batch (same list on every rank); returns summed metrics."""
+        start_s = time.perf_counter()
+        self._check_batch(trajectories, policy_version)
+        advantages = trajectory_advantages(trajectories, normalize_std=self.cfg.normalize_std, eps=self.cfg.adv_eps)
+        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens)
+        num_micro = max(len(micros) for micros in plan)
+        # Position 0 is never a target, so count model tokens from position 1 on.
+        seq_tokens = [sum(t.loss_mask[1:]) for t in trajectories]
+        denoms = {"num_tokens": max(sum(seq_tokens), 1), "num_seqs": max(sum(1 for n in seq_tokens if n), 1)}
+        has_signal = self.cfg.kl_coef > 0 or any(a != 0.0 and n > 0 for a, n in zip(advantages, seq_tokens))
+
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        mine = plan[self.rank]
+        for m in range(num_micro):
+            if m < len(mine):
+                batch = [trajectories[i] for i in mine[m]]
+                batch_adv = [advantages[i] for i in mine[m]]
+            else:
+                batch, batch_adv = [_padding_trajectory()], [0.0]
+            for key, value in self._micro_step(collate(batch, batch_adv, self.device), policy_version, denoms).items():
+                sums[key] += value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        if has_signal:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.policy_version += 1
+        return self._metrics(sums, trajectories, advantages, float(grad_norm), has_signal, num_micro, start_s)
+
+    def _micro_step(self, batch: dict[str, torch.Tensor], policy_version: int, denoms: dict) -> dict[str, float]:
+        cfg = self.cfg
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logprobs = token_logprobs(logits, batch["targets"], cfg.temperature)
+        mask = batch["mask"]
+        old = batch["old_logprobs"]
+        recompute = self._recompute_mask(batch["versions"], policy_version)
+        if recompute is not None:
+            old = torch.where(recompute, logprobs.detach(), old)
+        agg = dict(aggregation=cfg.aggregation, **denoms)
+        pg_loss, pg_metrics = ppo_clip_loss(logprobs, old, batch["advantages"], mask, cfg.clip_low, cfg.clip_high, **agg)
+        loss = pg_loss
+        kl = torch.zeros(())
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logits = self.ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+                ref_logprobs = token_logprobs(ref_logits, batch["targets"], cfg.temperature)
+            kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
+            loss = loss + cfg.kl_coef * kl
+        # FSDP2 averages gradients over the group; the loss is already a global sum, so undo it.
+        (loss * self.num_ranks).backward()
+        out = {"loss": loss.item(), "pg_loss": pg_loss.item(), "kl": kl.item()}
+        out.update({k: v.item() for k, v in pg_metrics.items()})
+        if recompute is not None:
+            out["recomputed_tokens"] = float((recompute & (mask > 0)).sum())
+        return out
+
+    def _recompute_mask(self, versions: torch.Tensor, policy_version: int) -> torch.Tensor | None:
+        mode = self.cfg.recompute_logprobs
+        if mode == "never":
+            return None
+        if mode == "always":
+            return torch.ones_like(versions, dtype=torch.bool)
+        return versions < policy_version
+
+    def _metrics(self, sums, trajectories, advantages, grad_norm, has_signal, num_micro, start_s) -> dict[str, float]:
+        keys = sorted(sums)
+        if self.sharded:
+            packed = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+            dist.all_reduce(packed, group=self.group)
+            sums = dict(zip(keys, packed.tolist()))
+        rewards = [float(t.reward) for t in trajectories]
+        ages = [self.policy_version - 1 - v for t in trajectories for v in t.policy_versions[:1]]
+        metrics = {f"train/{k}": float(sums[k]) for k in keys}
+        metrics.update({
+            "train/grad_norm": grad_norm,
+            "train/stepped": float(has_signal),
+            "train/tokens": float(sum(t.num_tokens for t in trajectories)),
+            "train/model_tokens": float(sum(t.loss_mask[1:].count(1) for t in trajectories)),
+            "train/trajectories": float(len(trajectories)),
+            "train/micro_batches": float(num_micro),
+            "train/reward_mean": sum(rewards) / len(rewards),
+            "train/adv_abs_mean": sum(abs(a) for a in advantages) / len(advantages),
+            "train/staleness_max": float(max(ages, default=0)),
+            "train/lr": self.cfg.lr,
+            "train/step_s": time.perf_counter() - start_s,
+        })
+        if not math.isfinite(grad_norm):
+            log.warning("[libra trainer:%d] non-finite grad norm %s at policy_version %d", self.rank, grad_norm, self.policy_version - 1)
+        return metrics
+
+    # ---- weights and checkpoints -------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full unsharded weights on every trainer rank, same names as `model.state_dict()`."""
+        if not self.sharded:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # cpu_offload=True returns {} when global rank 0 is not a trainer (PLATFORM.md).
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+    def state_dict(self) -> dict:
+        """Model + optimizer, full (unsharded) copies, so a group of another size can load it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.utils._pytree import tree_map
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        # Copies: the live optimizer updates its moments in place, and a trainer loading this
+        # dict in the same process would otherwise share (and double-step) them.
+        state = {"model": model_sd, "optimizer": optim_sd}
+        state = tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, state)
+        return {**state, "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+        self.policy_version = int(state["policy_version"])

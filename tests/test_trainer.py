@@ -1,0 +1,185 @@
+"""engine/trainer.py in one process: config errors, the plan, advantages, step semantics, checkpoints."""
+
+import math
+
+import pytest
+import torch
+
+from engine.models import build_tiny
+from engine.trainer import Trainer, TrainerConfig, plan_micro_batches, trajectory_advantages
+from engine.trajectory import Trajectory
+
+
+def make_trajs(num_groups=2, n=4, seed=0, version=0, rewards=None, prompt_len=3, behaviour_logprob=-6.0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num_groups * n):
+        length = int(torch.randint(prompt_len + 2, prompt_len + 12, (1,), generator=gen))
+        ids = torch.randint(0, 500, (length,), generator=gen).tolist()
+        k = length - prompt_len
+        reward = float(i % 2) if rewards is None else rewards[i]
+        out.append(Trajectory(request_id=f"r{i}", task_id=f"t{i // n}", group_id=f"g{i // n}", prompt_len=prompt_len,
+                              token_ids=ids, loss_mask=[0] * prompt_len + [1] * k,
+                              logprobs=[0.0] * prompt_len + [behaviour_logprob] * k,
+                              versions=[-1] * prompt_len + [version] * k, reward=reward))
+    return out
+
+
+def params(trainer):
+    return {k: v.clone() for k, v in trainer.full_state_dict().items()}
+
+
+def tiny_trainer(**kw):
+    model, _ = build_tiny(0)
+    return Trainer(model, TrainerConfig(**{"lr": 1e-2, **kw}))
+
+
+# ---- config --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"lr": 0.0}, r"lr=0.0 must be > 0; use e.g. 1e-6..1e-4"),
+    ({"weight_decay": -0.1}, r"weight_decay=-0.1 must be >= 0; use 0.0 to disable it"),
+    ({"betas": (0.9, 1.0)}, r"betas=\(0.9, 1.0\) must be two values in \[0, 1\); use \(0.9, 0.999\)"),
+    ({"adam_eps": 0.0}, r"adam_eps=0.0 must be > 0; use 1e-8"),
+    ({"grad_clip": 0.0}, r"grad_clip=0.0 must be > 0; use float\('inf'\) to measure without clipping"),
+    ({"clip_low": 1.0}, r"clip_low=1.0, clip_high=0.2 need 0 <= clip_low < 1 and clip_high >= 0"),
+    ({"clip_high": -0.1}, r"clip_low=0.2, clip_high=-0.1 need 0 <= clip_low < 1 and clip_high >= 0"),
+    ({"kl_coef": -1.0}, r"kl_coef=-1.0 must be >= 0; use 0.0 to train without a reference model"),
+    ({"kl_kind": "k9"}, r"kl_kind='k9' is unknown; use one of \('k1', 'k2', 'k3'\)"),
+    ({"aggregation": "sum"}, r"aggregation='sum' is unknown; use one of \('token-mean', 'seq-mean-token-mean'\)"),
+    ({"micro_batch_tokens": 1}, r"micro_batch_tokens=1 must be >= 2; use a few thousand"),
+    ({"recompute_logprobs": "sometimes"}, r"recompute_logprobs='sometimes' is unknown; use one of \('stale', 'always', 'never'\)"),
+    ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0; use 0 for on-policy or 1 for one-step async"),
+    ({"temperature": 0.0}, r"temperature=0.0 must be > 0; pass the rollout's sampling temperature"),
+])
+def test_config_errors_name_value_and_fix(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        TrainerConfig(**kw)
+
+
+# ---- plan and advantages -------------------------------------------------------------------
+
+def test_plan_balances_tokens_and_packs_by_padded_budget():
+    lengths = [10, 3, 8, 8, 2, 5]
+    # longest first to the least-loaded rank: 10->r0, 8->r1, 8->r1 (8<10), 5->r0, 3->r0 (15<16)?
+    plan = plan_micro_batches(lengths, 2, micro_batch_tokens=16)
+    assert plan == [[[0], [5, 1]], [[2, 3], [4]]]
+    assert sorted(i for rank in plan for micro in rank for i in micro) == list(range(6))
+    assert plan_micro_batches(lengths, 1, 100) == [[[0, 2, 3, 5, 1, 4]]]
+    # a sequence longer than the budget still gets its own micro-batch; a rank may get nothing
+    assert plan_micro_batches([50], 2, 16) == [[[0]], []]
+
+
+def test_advantages_per_group_with_uneven_groups():
+    trajs = make_trajs(rewards=[1.0, 0.0, 1.0, 0.0, 2.0, 2.0, 2.0, 2.0])
+    trajs = trajs[:3] + trajs[4:]  # group g0 lost one member
+    adv = trajectory_advantages(trajs, normalize_std=False, eps=1e-6)
+    assert adv == pytest.approx([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0, 0.0, 0.0])
+    trajs[0].reward = None
+    with pytest.raises(ValueError, match=r"trajectory r0 has reward=None; score \(or drop\) it before training"):
+        trajectory_advantages(trajs, normalize_std=True, eps=1e-6)
+
+
+# ---- step semantics ------------------------------------------------------------------------
+
+def test_zero_advantage_step_changes_nothing_even_with_weight_decay():
+    trainer = tiny_trainer(weight_decay=0.1)
+    before = params(trainer)
+    metrics = trainer.train_step(make_trajs(rewards=[0.5] * 8), 0)
+    after = params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert metrics["train/stepped"] == 0.0 and metrics["train/loss"] == 0.0
+    assert trainer.policy_version == 1
+
+
+def test_step_changes_parameters_and_reports_metrics():
+    trainer = tiny_trainer()
+    before = params(trainer)
+    trajs = make_trajs()
+    metrics = trainer.train_step(trajs, 0)
+    after = params(trainer)
+    assert sum(not torch.equal(before[k], after[k]) for k in before) >= len(before) - 1
+    assert metrics["train/stepped"] == 1.0 and trainer.policy_version == 1
+    assert metrics["train/tokens"] == sum(t.num_tokens for t in trajs)
+    assert metrics["train/model_tokens"] == sum(t.num_model_tokens for t in trajs)
+    assert metrics["train/trajectories"] == 8.0 and metrics["train/reward_mean"] == 0.5
+    assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
+
+
+def test_micro_batching_does_not_change_the_update():
+    trajs = make_trajs(seed=3)
+    results = []
+    for budget in (4096, 24):
+        # A large Adam eps makes the first update linear in the gradient instead of ~sign(grad),
+        # which would turn float-order noise on near-zero gradients into lr-sized differences.
+        trainer = tiny_trainer(micro_batch_tokens=budget, adam_eps=1.0)
+        metrics = trainer.train_step(trajs, 0)
+        results.append((metrics, params(trainer)))
+    (m_big, p_big), (m_small, p_small) = results
+    assert m_big["train/micro_batches"] == 1.0 and m_small["train/micro_batches"] > 3
+    assert m_small["train/loss"] == pytest.approx(m_big["train/loss"], abs=1e-6)
+    assert all(torch.allclose(p_big[k], p_small[k], atol=1e-6) for k in p_big)
+
+
+def test_recompute_modes():
+    # behaviour log-probs of -6 are far from the tiny model's (~ -6.2): ratios differ from 1
+    on_policy = make_trajs(version=0)
+    never = tiny_trainer(recompute_logprobs="never").train_step(on_policy, 0)
+    assert never["train/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+    always = tiny_trainer(recompute_logprobs="always").train_step(on_policy, 0)
+    assert always["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and always["train/clip_frac"] == 0.0
+    assert always["train/recomputed_tokens"] == sum(t.num_model_tokens for t in on_policy)
+    stale = tiny_trainer(recompute_logprobs="stale").train_step(on_policy, 0)
+    assert stale["train/recomputed_tokens"] == 0.0
+
+
+def test_stale_tokens_are_recomputed_and_bounded():
+    trainer = tiny_trainer(recompute_logprobs="stale", max_staleness=1)
+    trainer.train_step(make_trajs(version=0), 0)
+    mixed = make_trajs(version=0, seed=1)
+    for t in mixed[:4]:  # half the batch comes from the current version 1
+        t.versions = [v if v < 0 else 1 for v in t.versions]
+    metrics = trainer.train_step(mixed, 1)
+    assert metrics["train/recomputed_tokens"] == sum(t.num_model_tokens for t in mixed[4:])
+    assert metrics["train/staleness_max"] == 1.0
+    with pytest.raises(ValueError, match=r"trajectory r0 has staleness 2 > max_staleness=1; drop it as stale"):
+        trainer.train_step(make_trajs(version=0), 2)
+
+
+def test_step_refuses_wrong_version_and_empty_batch():
+    trainer = tiny_trainer()
+    with pytest.raises(ValueError, match=r"train_step\(policy_version=3\) but the trainer holds version 0; pass trainer.policy_version"):
+        trainer.train_step(make_trajs(), 3)
+    with pytest.raises(ValueError, match=r"trajectory r0 has tokens of version 2 > trainer version 0"):
+        trainer.train_step(make_trajs(version=2), 0)
+    with pytest.raises(ValueError, match=r"train_step got no trajectories; skip the step"):
+        trainer.train_step([], 0)
+
+
+def test_kl_to_reference_is_zero_first_then_positive():
+    trainer = tiny_trainer(kl_coef=0.5)
+    first = trainer.train_step(make_trajs(), 0)
+    assert first["train/kl"] == pytest.approx(0.0, abs=1e-9)
+    second = trainer.train_step(make_trajs(seed=1), 1)
+    assert second["train/kl"] > 0.0
+
+
+# ---- weights and checkpoints ----------------------------------------------------------------
+
+def test_full_state_dict_names_match_the_model():
+    model, _ = build_tiny(0)
+    names = list(model.state_dict())
+    assert list(Trainer(model, TrainerConfig()).full_state_dict()) == names
+
+
+def test_checkpoint_round_trip_resumes_identically():
+    a = tiny_trainer()
+    a.train_step(make_trajs(seed=0), 0)
+    state = a.state_dict()
+    b = tiny_trainer()
+    b.load_state_dict(state)
+    assert b.policy_version == 1
+    a.train_step(make_trajs(seed=1), 1)
+    b.train_step(make_trajs(seed=1), 1)
+    pa, pb = params(a), params(b)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
