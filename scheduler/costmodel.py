@@ -219,6 +219,14 @@ class CostModel:
         return self.hw.group_rebuild_s + load_s / self.hw.link_bw_bytes_s * min(1.0, num_moved_devices / 8)
 
     # ---- memory feasibility ---------------------------------------------------------------
+    def max_batch(self, context_tokens: float, tp: int, mem_frac: float = 0.9) -> int:
+        """Sequences of `context_tokens` whose KV cache fits next to the weights on a TP-`tp` instance."""
+        m, tp = self.model, max(1, int(tp))
+        free = tp * self.hw.mem_bytes * mem_frac - m.weight_bytes
+        # Past num_kv_heads, TP replicates KV heads, so the instance stores more KV per token.
+        per_seq = m.kv_bytes_per_token * tp / min(tp, m.num_kv_heads) * max(1.0, context_tokens)
+        return max(1, int(free / per_seq)) if free > 0 else 1
+
     def min_rollout_tp(self, kv_reserve_frac: float = 0.2) -> int:
         """Smallest TP in {1, 2, 4, 8} whose weight shard leaves `kv_reserve_frac` of memory for KV."""
         for tp in (1, 2, 4, 8):
