@@ -1,0 +1,70 @@
+"""`SimConfig`: the one frozen config of a simulated run (workload, cluster, model, schedule).
+
+Presets of the paper's experiments live in `bench/presets.py` and return `SimConfig`s.
+
+Invariants (tests/test_sim_config.py): every bad value raises ValueError naming the field, the
+value and the fix; `to_dict()` is JSON-safe and lists every field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+KNOWN_HARDWARE = ("a800", "a100", "h100", "h200", "910b3", "cpu")
+KNOWN_MODELS = ("qwen3-4b", "qwen3-14b", "qwen3-30b-a3b", "qwen2.5-7b", "smollm2-135m", "tiny")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    bench: str = "swe"  # workload profile name (sim/workload.py PROFILES) or a label for a trace
+    hardware: str = "a800"  # cost-model hardware entry
+    model: str = "qwen3-14b"  # cost-model model entry
+    num_devices: int = 16  # G: devices (GPUs/NPUs) in the simulated cluster
+    steps: int = 12  # S: training steps to simulate
+    prompts_per_step: int = 16  # prompts per training batch
+    samples_per_prompt: int = 8  # n: GRPO group size
+    max_staleness: int = 1  # policy versions a trajectory may lag behind (async systems only)
+    max_seqs_per_device: int = 32  # concurrent sequences per device of an instance (KV capacity)
+    dataset_prompts: int = 64  # distinct prompts in the dataset; they recur every epoch
+    train_epochs: int = 1  # passes of the trainer over each batch (raises the training share)
+    seed: int = 0  # seeds the workload; the same seed gives every system the same trajectories
+    workload_overrides: tuple[tuple[str, float], ...] = ()  # (field, value) applied to the profile
+    trace_dir: str | None = None  # replay trajectories.jsonl from this run dir instead of sampling
+    staleness_penalty: float = 0.1  # reward model: fraction of a step lost per step of staleness
+    reward_target: float | None = None  # reward to reach for time-to-target; None = the model's 90% point
+
+    def __post_init__(self) -> None:
+        if self.hardware not in KNOWN_HARDWARE:
+            raise ValueError(f"SimConfig.hardware={self.hardware!r} is unknown; pick one of {KNOWN_HARDWARE}")
+        if self.model not in KNOWN_MODELS:
+            raise ValueError(f"SimConfig.model={self.model!r} is unknown; pick one of {KNOWN_MODELS}")
+        for name in ("num_devices", "steps", "prompts_per_step", "samples_per_prompt", "max_seqs_per_device", "train_epochs",
+                     "dataset_prompts"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"SimConfig.{name}={value} must be >= 1; give a positive count")
+        if self.num_devices < 2:
+            raise ValueError(
+                f"SimConfig.num_devices={self.num_devices} must be >= 2 so that rollout and training each get a device"
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"SimConfig.max_staleness={self.max_staleness} must be >= 0; 0 means on-policy")
+        if not 0.0 <= self.staleness_penalty < 1.0:
+            raise ValueError(
+                f"SimConfig.staleness_penalty={self.staleness_penalty} must lie in [0, 1); it is a fraction of a step"
+            )
+        if self.reward_target is not None and not 0.0 < self.reward_target < 1.0:
+            raise ValueError(f"SimConfig.reward_target={self.reward_target} must lie in (0, 1) or be None")
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["workload_overrides"] = {k: v for k, v in self.workload_overrides}
+        return d
+
+    def replace(self, **changes) -> SimConfig:
+        return dataclasses.replace(self, **changes)

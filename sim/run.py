@@ -1,0 +1,149 @@
+"""Entry points of the simulator: `simulate` one system, `compare` all of them, `format_table`.
+
+Algorithm of `simulate(cfg, system)`:
+1. cost model = `scheduler.costmodel.get_cost_model(cfg.hardware, cfg.model)`; workload = the
+   bench profile (with `cfg.workload_overrides`) or a recorded trace (`cfg.trace_dir`).
+2. router, planner and initial role map come from `scheduler/systems.py` exactly as the real
+   runtime builds them; `oracle` is libra's layout and planner with the clairvoyant router of
+   `sim/oracle.py`, free sync and free reconfiguration.
+3. `sim/cluster.py` plays S steps; `sim/report.py` turns them into DESIGN.md's metrics and summary.
+`compare` runs every system on the same workload and seed and writes compare.json/compare.png.
+
+Invariants (tests/test_sim_run.py): same config and seed -> identical summaries (except host
+timings); tokens and trajectories are equal across systems; no system beats `oracle`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.layout import RoleMap
+from sim.cluster import ClusterSim
+from sim.config import SimConfig
+from sim.oracle import OracleRouter
+from sim.report import add_ratios, format_table, metrics_rows, summarize
+from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
+from sim.workload import SyntheticWorkload, get_profile
+
+__all__ = ["simulate", "compare", "format_table", "all_systems", "SimConfig"]
+log = logging.getLogger(__name__)
+
+ORACLE = "oracle"
+# SystemSpec's async flag; `async` itself is a keyword, so accept the spellings a spec may use.
+_ASYNC_ATTRS = ("is_async", "async_", "asynchronous")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemParts:
+    router: object
+    planner: object | None
+    role_map: RoleMap
+    is_async: bool
+    colocated: bool
+    oracle: bool = False
+
+
+def make_workload(cfg: SimConfig):
+    if cfg.trace_dir is not None:
+        from sim.trace import TraceWorkload
+
+        return TraceWorkload.load(Path(cfg.trace_dir))
+    profile = get_profile(cfg.bench, **dict(cfg.workload_overrides))
+    return SyntheticWorkload(profile, seed=cfg.seed, num_steps=cfg.steps, num_dataset_prompts=cfg.dataset_prompts)
+
+
+def all_systems() -> list[str]:
+    from scheduler.systems import SYSTEMS
+
+    names = list(SYSTEMS)
+    return names + ([ORACLE] if ORACLE not in names else [])
+
+
+def _spec_async(spec) -> bool:
+    for attr in _ASYNC_ATTRS:
+        if hasattr(spec, attr):
+            return bool(getattr(spec, attr))
+    raise AttributeError(f"system spec {spec!r} has none of {_ASYNC_ATTRS}; cannot tell if it is async")
+
+
+def build_system(system: str, cfg: SimConfig, cost) -> SystemParts:
+    from scheduler import systems as sysmod
+
+    base = "libra" if system == ORACLE else system
+    spec = sysmod.get_system(base)
+    role_map = sysmod.initial_role_map(base, cfg.num_devices, cost_model=cost)
+    planner = sysmod.make_planner(base, cfg.num_devices, cost, cfg.steps)
+    if system == ORACLE:
+        router = OracleRouter(cost, cfg.max_seqs_per_device)
+        return SystemParts(router=router, planner=planner, role_map=role_map, is_async=True, colocated=False, oracle=True)
+    return SystemParts(router=sysmod.make_router(base), planner=planner, role_map=role_map,
+                       is_async=_spec_async(spec), colocated=bool(role_map.colocated))
+
+
+def _run(cfg: SimConfig, system: str) -> tuple[dict, list[dict]]:
+    from scheduler.costmodel import get_cost_model
+
+    t0 = time.perf_counter()
+    cost = get_cost_model(cfg.hardware, cfg.model)
+    parts = build_system(system, cfg, cost)
+    sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
+                     role_map=parts.role_map, is_async=parts.is_async, longest_first=parts.oracle,
+                     clairvoyant=parts.oracle, free_sync=parts.oracle, free_reconfig=parts.oracle)
+    rows = sim.run()
+    curve = curve_for(cfg.bench, cfg.steps)
+    target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
+    metrics = metrics_rows(rows, colocated=parts.colocated, tracker=RewardTracker(curve, cfg.staleness_penalty))
+    summary = summarize(metrics, bench=cfg.bench, system=system, sim_wall_s=time.perf_counter() - t0,
+                        reward_target=target)
+    log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
+             cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
+    return summary, metrics
+
+
+def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps({"mode": "sim", "system": system, "sim": cfg.to_dict()}, indent=2))
+    with open(out_dir / "metrics.jsonl", "w") as f:
+        for m in metrics:
+            f.write(json.dumps(m) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def simulate(cfg: SimConfig, system: str, out_dir: Path | None = None) -> dict:
+    """Simulate one system; with `out_dir`, write config.json, metrics.jsonl, summary.json there."""
+    summary, metrics = _run(cfg, system)
+    if out_dir is not None:
+        _write_run(Path(out_dir), cfg, system, summary, metrics)
+    return summary
+
+
+def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> dict:
+    """Every system on the same workload and seed; writes compare.json and compare.png to `out_dir`."""
+    names = list(systems) if systems else all_systems()
+    results = {}
+    for name in names:
+        summary, metrics = _run(cfg, name)
+        results[name] = summary
+        if out_dir is not None:
+            _write_run(Path(out_dir) / name, cfg, name, summary, metrics)
+    add_ratios(results)
+    out = {
+        "bench": cfg.bench,
+        "mode": "sim",
+        "setup": f"{cfg.num_devices}x{cfg.hardware} {cfg.model} steps={cfg.steps} "
+                 f"batch={cfg.prompts_per_step}x{cfg.samples_per_prompt} seed={cfg.seed}",
+        "config": cfg.to_dict(),
+        "note": REWARD_NOTE,
+        "systems": results,
+    }
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        (out_dir / "compare.json").write_text(json.dumps(out, indent=2))
+        from sim.plot import plot_compare
+
+        plot_compare(out, out_dir / "compare.png")
+    return out

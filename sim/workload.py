@@ -1,0 +1,227 @@
+"""Synthetic agentic workloads: long-tailed multi-turn trajectories that drift over training.
+
+A workload turns (step, prompt, sample) into a `TrajSpec`: prompt tokens, decode tokens of each
+model turn, and for each tool call its outcome state, output tokens and latency. The simulator
+never looks inside a spec except to play it out, so a recorded trace (`sim/trace.py`) can stand
+in for a synthetic workload.
+
+Algorithm (per trajectory):
+1. Draw a latent difficulty `L = exp(tail_sigma * z)`, z ~ N(0, 1), capped at `max_difficulty`.
+   With `tail_sigma = ln(10) / 2.326 ~= 0.99` the p99 of L is ~10x its median, the figure the
+   Libra paper and RollPacker/APRIL report for agentic rollouts (p99 ~10x median; the last 10% of
+   requests take up to half of the rollout time).
+2. Samples of one prompt share part of their difficulty (`prompt_share`): hard prompts are hard
+   for the whole GRPO group.
+3. Turns = base_turns * L^turn_exponent, tokens per turn = base_turn_tokens * L^(1 -
+   turn_exponent) * lognormal jitter; both scaled by the drift factor of the step
+   (`1 + drift * step / num_steps`: positive drift = trajectories grow as the policy learns
+   to use tools, negative = they shrink).
+4. Each tool return is the causal signal C-MLFQ reads: harder trajectories fail more often and
+   return larger payloads, so (tool, size, status) prefixes predict the remaining length.
+
+Profiles: `swe` (R2E-Gym: long prompts, many turns, slow test runs), `search` (Search-R1: short
+turns, retrieval payloads, fast tools), `math` (DAPO-Math: few turns of long reasoning).
+
+Invariants (tests/test_sim_workload.py): specs are a pure function of (profile, seed, step,
+index); zero tail gives identical trajectories; the default tails have p99/median in [5, 20].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from dataclasses import dataclass
+
+from scheduler.api import OutcomeState
+
+TAIL_SIGMA_P99_10X = math.log(10.0) / 2.326  # sigma of a lognormal whose p99 is 10x its median
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadProfile:
+    name: str  # bench name: "swe", "search", "math", or anything custom
+    prompt_tokens: int  # median prompt length
+    base_turns: float  # median number of model turns (tool calls + 1)
+    max_turns: int  # hard cap on model turns (the env's max_turns)
+    base_turn_tokens: float  # median decode tokens per model turn
+    max_turn_tokens: int  # cap on decode tokens per turn (max_new_tokens)
+    tail_sigma: float = TAIL_SIGMA_P99_10X  # lognormal sigma of difficulty; 0 = no tail
+    max_context_tokens: int = 65536  # context window: a trajectory is cut (max_tokens) when it fills it
+    max_difficulty: float = 40.0  # cap on the difficulty multiplier
+    turn_exponent: float = 0.5  # share of difficulty that becomes more turns (rest: longer turns)
+    turn_jitter: float = 0.3  # lognormal sigma of per-turn token noise
+    prompt_share: float = 0.5  # share of difficulty (in log space) common to a prompt's samples
+    drift: float = 0.0  # relative growth of lengths and turns from the first to the last step
+    tools: tuple[str, ...] = ("bash",)  # tool names the trajectory calls, cycled
+    tool_latency_s: float = 1.0  # median tool latency
+    tool_latency_sigma: float = 0.8  # lognormal sigma of tool latency
+    fail_base: float = 0.1  # failure probability of a tool call at difficulty 1
+    output_tokens: tuple[int, int, int] = (64, 512, 2048)  # tool output tokens: small/medium/large
+
+    def __post_init__(self) -> None:
+        if self.max_context_tokens <= self.prompt_tokens:
+            raise ValueError(
+                f"workload {self.name}: max_context_tokens={self.max_context_tokens} must exceed "
+                f"prompt_tokens={self.prompt_tokens}; leave room to generate"
+            )
+        for name in ("prompt_tokens", "max_turns", "max_turn_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload {self.name}: {name}={getattr(self, name)} must be >= 1; give a positive count")
+        if self.base_turns < 1 or self.base_turn_tokens < 1:
+            raise ValueError(
+                f"workload {self.name}: base_turns={self.base_turns}, base_turn_tokens={self.base_turn_tokens} "
+                "must both be >= 1; a trajectory has at least one turn of one token"
+            )
+        if self.tail_sigma < 0 or self.turn_jitter < 0 or self.tool_latency_sigma < 0:
+            raise ValueError(
+                f"workload {self.name}: tail_sigma={self.tail_sigma}, turn_jitter={self.turn_jitter}, "
+                f"tool_latency_sigma={self.tool_latency_sigma} must be >= 0; use 0 for no spread"
+            )
+        if not 0.0 <= self.turn_exponent <= 1.0 or not 0.0 <= self.prompt_share <= 1.0:
+            raise ValueError(
+                f"workload {self.name}: turn_exponent={self.turn_exponent}, prompt_share={self.prompt_share} "
+                "must lie in [0, 1]; they split a share of the difficulty"
+            )
+        if self.drift <= -1.0:
+            raise ValueError(f"workload {self.name}: drift={self.drift} must be > -1 so lengths stay positive")
+        if not self.tools:
+            raise ValueError(f"workload {self.name}: tools is empty; name at least one tool")
+
+
+# Medians follow the public descriptions of the paper's three workloads (R2E-Gym, Search-R1,
+# DAPO-Math with a Python tool) at Qwen3-14B scale; the tails follow the p99 ~10x median figure.
+PROFILES: dict[str, WorkloadProfile] = {
+    "swe": WorkloadProfile(
+        name="swe", prompt_tokens=2048, base_turns=8, max_turns=50, base_turn_tokens=256,
+        max_turn_tokens=4096, max_context_tokens=65536, tools=("bash", "edit", "run_tests"), tool_latency_s=2.0,
+        tool_latency_sigma=1.0, fail_base=0.15, output_tokens=(96, 768, 3072), drift=0.3,
+    ),
+    "search": WorkloadProfile(
+        name="search", prompt_tokens=384, base_turns=3, max_turns=10, base_turn_tokens=192,
+        max_turn_tokens=2048, max_context_tokens=16384, tools=("search",), tool_latency_s=0.4, tool_latency_sigma=0.5,
+        fail_base=0.1, output_tokens=(128, 640, 1536), drift=0.2,
+    ),
+    "math": WorkloadProfile(
+        name="math", prompt_tokens=256, base_turns=2, max_turns=6, base_turn_tokens=1536,
+        max_turn_tokens=16384, max_context_tokens=32768, turn_exponent=0.25, tools=("python",), tool_latency_s=0.3,
+        tool_latency_sigma=0.6, fail_base=0.2, output_tokens=(32, 256, 1024), drift=0.4,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TrajSpec:
+    """Everything the simulator needs to play one trajectory out; known in advance only to the oracle."""
+
+    request_id: str
+    prompt_id: str
+    prompt_tokens: int
+    turn_tokens: tuple[int, ...]  # decode tokens of each model turn
+    tool_outcomes: tuple[OutcomeState, ...]  # one per tool call (= len(turn_tokens) - 1)
+    tool_output_tokens: tuple[int, ...]
+    tool_latency_s: tuple[float, ...]
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(self.turn_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_output_tokens)
+
+
+def get_profile(name: str, **overrides) -> WorkloadProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown workload {name!r}; pick one of {sorted(PROFILES)} or load a trace")
+    return dataclasses.replace(PROFILES[name], **overrides)
+
+
+class SyntheticWorkload:
+    """Samples `TrajSpec`s from a profile; deterministic per (seed, step, prompt, sample)."""
+
+    def __init__(self, profile: WorkloadProfile, *, seed: int, num_steps: int, num_dataset_prompts: int = 64):
+        self.profile = profile
+        self.seed = seed
+        self.num_steps = max(1, num_steps)
+        self.num_dataset_prompts = num_dataset_prompts
+        self.name = profile.name
+
+    def drift_factor(self, step: int) -> float:
+        return 1.0 + self.profile.drift * min(step, self.num_steps) / self.num_steps
+
+    def batch(self, step: int, num_prompts: int, samples_per_prompt: int) -> list[TrajSpec]:
+        out = []
+        for p in range(num_prompts):
+            # prompts come from a finite dataset and recur every epoch, as in real RL runs
+            # (length predictors learn per prompt); a prompt's shared difficulty is fixed.
+            d = (step * num_prompts + p) % self.num_dataset_prompts
+            # int-only tuples: str hashes are salted per process and would break determinism
+            prng = random.Random(hash((self.seed, d, -1)) & 0xFFFFFFFF)
+            z_prompt = prng.gauss(0.0, 1.0)
+            for s in range(samples_per_prompt):
+                rng = random.Random(hash((self.seed, step, p, s)) & 0xFFFFFFFF)
+                out.append(self._one(rng, step, f"d{d}", f"s{step}-p{p}-{s}", z_prompt))
+        return out
+
+    def _one(self, rng: random.Random, step: int, prompt_id: str, request_id: str, z_prompt: float) -> TrajSpec:
+        pf = self.profile
+        share = pf.prompt_share
+        z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * rng.gauss(0.0, 1.0)
+        difficulty = min(math.exp(pf.tail_sigma * z), pf.max_difficulty)
+        drift = self.drift_factor(step)
+        num_turns = int(round(pf.base_turns * difficulty**pf.turn_exponent * drift))
+        num_turns = max(1, min(pf.max_turns, num_turns))
+        per_turn = pf.base_turn_tokens * difficulty ** (1.0 - pf.turn_exponent) * drift
+        turns = tuple(
+            max(1, min(pf.max_turn_tokens, int(per_turn * math.exp(pf.turn_jitter * rng.gauss(0.0, 1.0)))))
+            for _ in range(num_turns)
+        )
+        outcomes, out_tokens, latencies = [], [], []
+        p_fail = min(0.9, pf.fail_base * math.sqrt(difficulty))
+        p_large = min(0.8, 0.1 * difficulty)
+        for i in range(num_turns - 1):
+            tool = pf.tools[i % len(pf.tools)]
+            u = rng.random()
+            status = "timeout" if u < 0.1 * p_fail else "failure" if u < p_fail else "success"
+            v = rng.random()
+            size = "large" if v < p_large else "medium" if v < p_large + 0.4 else "small"
+            outcomes.append(OutcomeState(tool, size, status))
+            out_tokens.append(pf.output_tokens[("small", "medium", "large").index(size)])
+            latencies.append(pf.tool_latency_s * math.exp(pf.tool_latency_sigma * rng.gauss(0.0, 1.0)))
+        turns, out_tokens = _truncate(pf.prompt_tokens, pf.max_context_tokens, list(turns), out_tokens)
+        num_tools = len(turns) - 1
+        return TrajSpec(
+            request_id=request_id,
+            prompt_id=prompt_id,
+            prompt_tokens=pf.prompt_tokens,
+            turn_tokens=tuple(turns),
+            tool_outcomes=tuple(outcomes[:num_tools]),
+            tool_output_tokens=tuple(out_tokens[:num_tools]),
+            tool_latency_s=tuple(latencies[:num_tools]),
+        )
+
+
+def _truncate(prompt: int, max_context: int, turns: list[int], out_tokens: list[int]) -> tuple[list[int], list[int]]:
+    """Cut the trajectory where its context fills the window (the env ends it with max_tokens)."""
+    used = prompt
+    for i, t in enumerate(turns):
+        if used + t >= max_context:
+            return turns[:i] + [max(1, max_context - used)], out_tokens[:i]
+        used += t
+        if i < len(out_tokens):
+            if used + out_tokens[i] >= max_context - 1:
+                return turns[: i + 1], out_tokens[:i]
+            used += out_tokens[i]
+    return turns, out_tokens
+
+
+def tail_stats(specs: list[TrajSpec]) -> dict[str, float]:
+    """p50/p99 of total tokens and the share of decode tokens in the longest 10% of trajectories."""
+    totals = sorted(s.total_tokens for s in specs)
+    decode = sorted((s.decode_tokens for s in specs), reverse=True)
+    n = len(totals)
+    p50 = totals[n // 2]
+    p99 = totals[min(n - 1, int(0.99 * n))]
+    top = sum(decode[: max(1, n // 10)])
+    return {"p50_tokens": p50, "p99_tokens": p99, "p99_over_p50": p99 / p50, "top10_decode_share": top / sum(decode)}
