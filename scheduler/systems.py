@@ -1,0 +1,143 @@
+"""The systems Libra is compared against, as one table, and factories for their parts.
+
+`SYSTEMS` maps each `--system` name of DESIGN.md to a frozen `SystemSpec`: which router it uses,
+whether its rollout buckets are heterogeneous, whether a planner re-plans, whether ranks move
+between training and rollout, whether rollout and training overlap, whether it is colocated.
+The runtime and the simulator build a system's router, first role map and planner from here
+and nowhere else, so a system means the same thing in both.
+
+Initial layouts (`initial_role_map`), for world_size G >= 2 and trainer share f:
+- colocate: every rank trains and generates (`colocated_role_map`).
+- homogeneous systems: round(G f) trainer ranks (at least 1, leaving at least 1), the rest TP-m
+  instances of one unbounded bucket, m the model's minimum TP (1 without a cost model).
+- heterogeneous systems: the same split; rollout ranks R get one "long" instance of the largest
+  TP in {2, 4, 8} not above max(2, R/2) when R >= 3, a TP2 "medium" instance when at least 4
+  ranks remain, and TP1 "short" instances for the rest (R = 2: short TP1 + long TP1; R = 1: one
+  TP1 instance in the shortest bucket, which the routers then use for every bucket).
+
+Invariants (tests/test_scheduler_systems.py): every name of DESIGN.md is present; every initial
+role map validates for G in 2..1024; heterogeneous systems get a TP >= 2 instance once R >= 3;
+`make_planner` returns None exactly for the systems without a planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from scheduler.api import Router
+from scheduler.cmlfq import CMLFQRouter
+from scheduler.costmodel import CostModel
+from scheduler.layout import Bucket, RoleMap, colocated_role_map, split_role_map
+from scheduler.planner import GlobalPlanner, PlannerConfig
+from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, OracleRouter, RouterConfig
+
+ROUTERS = {"cmlfq": CMLFQRouter, "least_load": LeastLoadRouter, "length_aware": LengthAwareRouter,
+           "la_mlfq": LAMLFQRouter, "oracle": OracleRouter}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemSpec:
+    name: str  # the --system name
+    router: str  # key of ROUTERS
+    heterogeneous: bool  # rollout buckets of different TP degree (else one bucket, one TP)
+    planner: bool  # a GlobalPlanner re-plans the layout during the run
+    realloc: bool  # ranks may move between training and rollout
+    async_pipeline: bool  # rollout of step n+1 overlaps training of step n
+    colocated: bool  # every rank generates, then trains (verl style)
+    sim_only: bool = False  # needs knowledge only the simulator has
+    description: str = ""  # one line for tables and --help
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"SystemSpec {self.name!r}: router={self.router!r} is not one of {sorted(ROUTERS)}")
+        if self.realloc and not self.planner:
+            raise ValueError(f"SystemSpec {self.name!r}: realloc=True needs planner=True; the planner decides the moves")
+
+
+def _spec(name: str, router: str, het: bool, planner: bool, realloc: bool, desc: str, **kw) -> SystemSpec:
+    return SystemSpec(name=name, router=router, heterogeneous=het, planner=planner, realloc=realloc,
+                      async_pipeline=kw.pop("async_pipeline", True), colocated=kw.pop("colocated", False),
+                      description=desc, **kw)
+
+
+SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
+    _spec("libra", "cmlfq", True, True, True, "C-MLFQ over heterogeneous buckets + planner + rank reassignment, async"),
+    _spec("colocate", "least_load", False, False, False,
+          "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
+    _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
+    _spec("length_aware", "length_aware", True, False, False, "fixed split, heterogeneous buckets, per-prompt length predictor"),
+    _spec("la_mlfq", "la_mlfq", True, False, False, "fixed split, heterogeneous buckets, MLFQ demotion by token limits"),
+    _spec("oracle", "oracle", True, True, True, "clairvoyant routing by true length + planner: the lower bound", sim_only=True),
+    _spec("libra-no-planner", "cmlfq", True, False, False, "libra with its initial layout kept for the whole run"),
+    _spec("libra-no-realloc", "cmlfq", True, True, False, "libra whose planner re-plans buckets but keeps the train/rollout split"),
+    _spec("libra-no-cmlfq", "least_load", True, True, True, "libra with least-load routing instead of C-MLFQ"),
+    _spec("libra-homogeneous", "cmlfq", False, True, True, "libra with one bucket of one TP degree"),
+)}
+
+
+def get_system(name: str) -> SystemSpec:
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown system {name!r}; choose one of {list(SYSTEMS)}")
+    return SYSTEMS[name]
+
+
+def make_router(system: str, cfg: RouterConfig | None = None) -> Router:
+    return ROUTERS[get_system(system).router](cfg)
+
+
+def _split(world_size: int, trainer_frac: float) -> int:
+    if world_size < 2:
+        raise ValueError(f"initial_role_map: world_size={world_size} must be >= 2 (one trainer + one rollout rank)")
+    if not 0 < trainer_frac < 1:
+        raise ValueError(f"initial_role_map: trainer_frac={trainer_frac} must be in (0, 1), e.g. 0.5")
+    return min(world_size - 1, max(1, round(world_size * trainer_frac)))
+
+
+def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int) -> tuple[tuple[str, int], ...]:
+    short, long_ = buckets[0].name, buckets[-1].name
+    medium = buckets[len(buckets) // 2].name if len(buckets) >= 3 else long_
+    r = num_rollout
+    if min_tp > 1 or r < 2:
+        return tuple((short, min_tp) for _ in range(r // min_tp))
+    if r == 2:
+        return ((short, 1), (long_, 1))
+    long_tp = max(t for t in (2, 4, 8) if t <= max(2, r // 2))
+    spec, left = [(long_, long_tp)], r - long_tp
+    if left >= 4:
+        spec.append((medium, 2))
+        left -= 2
+    return tuple([(short, 1)] * left + spec)
+
+
+def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | None = None,
+                     buckets: tuple[Bucket, ...] | None = None, trainer_frac: float = 0.5) -> RoleMap:
+    """A sane first layout for `system` on `world_size` ranks (see the module docstring)."""
+    spec = get_system(system)
+    min_tp = cost_model.min_rollout_tp() if cost_model else 1
+    if spec.colocated:
+        return colocated_role_map(world_size=world_size, tp=min_tp if world_size % min_tp == 0 else 1)
+    num_trainer = _split(world_size, trainer_frac)
+    r = world_size - num_trainer
+    if r < min_tp:
+        raise ValueError(f"initial_role_map: {r} rollout ranks cannot hold the model (TP >= {min_tp}); "
+                         f"lower trainer_frac={trainer_frac} or add ranks")
+    if spec.heterogeneous:
+        buckets = buckets or RouterConfig().buckets()
+        rollout = _heterogeneous_tp(r, buckets, min_tp)
+    else:
+        buckets = (Bucket(name=(buckets or RouterConfig().buckets())[0].name, max_tokens=None),)
+        rollout = tuple((buckets[0].name, min_tp) for _ in range(r // min_tp))
+    # Ranks a TP group cannot use go to the trainer rather than idle.
+    num_trainer = world_size - sum(tp for _, tp in rollout)
+    return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=rollout, buckets=buckets)
+
+
+def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,
+                 cfg: PlannerConfig | None = None, current: RoleMap | None = None) -> GlobalPlanner | None:
+    """The system's planner (None when it has none), its flags forced from the system spec."""
+    spec = get_system(system)
+    if not spec.planner:
+        return None
+    cfg = dataclasses.replace(cfg or PlannerConfig(), heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
+    return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current)
