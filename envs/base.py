@@ -14,13 +14,24 @@ out) is the model's doing and becomes a `ToolResult` with status failure/timeout
 sees. `ToolInfraError` is for the environment itself breaking (sandbox cannot start, disk
 full): the trajectory is dropped with a counted reason, never scored 0.
 
+Helpers every env shares: `parse_tool_calls` (Hermes tags -> ToolCall | ToolCallError, in
+order), `validate_call` (a call against the task's OpenAI schemas: unknown tool, missing, extra
+or wrong-typed arguments, oversized strings), `dispatch` (parse error / validation / handler ->
+ToolResult), `tool_schema` (concise schema builder), `system_prompt`, and `run_scripted` (drives
+an env with scripted assistant messages for tests and workload profiles).
+
 Invariants (tests/test_envs_*.py): every malformed call yields a failure ToolResult, never an
-exception; `ToolResult.outcome()` is a pure function of (tool, size, status, thresholds).
+exception; `ToolResult.outcome()` is a pure function of (tool, size, status, thresholds); text
+without `<tool_call>` parses to [].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from scheduler.api import OutcomeState
@@ -100,3 +111,158 @@ class Env(Protocol):
     def start(self, task: Task) -> Episode: ...
 
     def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Hermes tool-call parsing, schema validation and the shared dispatch/driver helpers.
+# --------------------------------------------------------------------------------------------
+
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+CALL_FORMAT_HINT = '<tool_call>{"name": "<tool>", "arguments": {"<arg>": <value>}}</tool_call>'
+_JSON_TYPES = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+_PREVIEW_CHARS = 80
+
+
+def _preview(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
+
+
+def _parse_one(raw: str) -> ToolCall | ToolCallError:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as e:
+        msg = f"tool call is not valid JSON ({e.__class__.__name__}: {e}); expected {CALL_FORMAT_HINT}"
+        return ToolCallError(message=msg, raw=raw)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return ToolCallError(message=f"tool call needs a JSON object with a string 'name'; expected {CALL_FORMAT_HINT}", raw=raw)
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        # Some chat templates serialise arguments as a JSON string; accept that spelling too.
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            pass
+    if not isinstance(args, dict):
+        return ToolCallError(message=f"'arguments' of tool '{obj['name']}' must be a JSON object, got {type(args).__name__}", raw=raw)
+    return ToolCall(name=obj["name"], arguments=args, raw=raw)
+
+
+def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
+    """All Hermes tool calls in `text`, in order; [] when it holds no `<tool_call>` tag."""
+    out: list[ToolCall | ToolCallError] = []
+    end = 0
+    for m in _CALL_RE.finditer(text):
+        out.append(_parse_one(m.group(1)))
+        end = m.end()
+    tail = text[end:]
+    if "<tool_call>" in tail:
+        # An unterminated call (the model hit max_tokens or forgot the tag) still counts as one.
+        raw = tail.split("<tool_call>", 1)[1]
+        out.append(ToolCallError(message=f"tool call is missing its closing </tool_call> tag: {_preview(raw)!r}", raw=raw))
+    return out
+
+
+def tool_schema(name: str, description: str, params: dict[str, tuple[str, str]], required: tuple[str, ...] | list[str] | None = None) -> dict:
+    """OpenAI function schema from {arg: (json type name, description)}; all args required by default."""
+    for arg, (type_name, _) in params.items():
+        if type_name not in _JSON_TYPES:
+            raise ValueError(f"tool_schema: argument {arg!r} of {name!r} has type {type_name!r}; use one of {sorted(_JSON_TYPES)}.")
+    props = {arg: {"type": t, "description": d} for arg, (t, d) in params.items()}
+    req = list(params) if required is None else list(required)
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {"type": "object", "properties": props, "required": req}}}
+
+
+def _type_ok(value: Any, type_name: str) -> bool:
+    types = _JSON_TYPES.get(type_name)
+    if types is None:
+        return True
+    if isinstance(value, bool) and bool not in types:
+        return False  # JSON true/false are not numbers, though Python says bool is an int
+    return isinstance(value, types)
+
+
+def validate_call(call: ToolCall, tools: tuple[dict, ...] | list[dict], *, max_arg_bytes: int = 65536) -> str | None:
+    """None if `call` fits one of the OpenAI schemas in `tools`, else a message saying what to fix."""
+    by_name = {t["function"]["name"]: t["function"] for t in tools}
+    fn = by_name.get(call.name)
+    if fn is None:
+        return f"unknown tool {_preview(call.name)!r}; available tools: {', '.join(sorted(by_name)) or '(none)'}"
+    params = fn.get("parameters", {})
+    props: dict = params.get("properties", {})
+    missing = [a for a in params.get("required", []) if a not in call.arguments]
+    if missing:
+        return f"tool {call.name!r} is missing required argument(s) {missing}; it takes {sorted(props)}"
+    extra = [a for a in call.arguments if a not in props]
+    if extra and not params.get("additionalProperties", False):
+        return f"tool {call.name!r} got unknown argument(s) {[_preview(str(a)) for a in extra]}; it takes {sorted(props)}"
+    for arg, value in call.arguments.items():
+        spec = props.get(arg, {})
+        if not _type_ok(value, spec.get("type", "")):
+            return f"argument {arg!r} of tool {call.name!r} must be {spec['type']}, got {type(value).__name__}"
+        if "enum" in spec and value not in spec["enum"]:
+            return f"argument {arg!r} of tool {call.name!r} must be one of {spec['enum']}, got {_preview(str(value))!r}"
+        if isinstance(value, str) and len(value.encode("utf-8", "replace")) > max_arg_bytes:
+            return f"argument {arg!r} of tool {call.name!r} is {len(value.encode('utf-8', 'replace'))} bytes; the limit is {max_arg_bytes}"
+    return None
+
+
+def failure(tool: str, message: str, *, latency_s: float = 0.0) -> ToolResult:
+    return ToolResult(tool=tool, text=f"Error: {message}", status="failure", latency_s=latency_s)
+
+
+def dispatch(call: ToolCall | ToolCallError, tools: tuple[dict, ...], handlers: dict[str, Callable[..., ToolResult]], *, max_arg_bytes: int = 65536) -> ToolResult:
+    """Validate `call` against `tools` and run its handler; every model mistake becomes a failure result.
+
+    Handlers take the call's arguments as keywords and return a ToolResult (latency is filled in
+    here when the handler leaves it 0). `ToolInfraError` propagates: it is not the model's fault.
+    """
+    if isinstance(call, ToolCallError):
+        return failure("<parse>", call.message)
+    problem = validate_call(call, tools, max_arg_bytes=max_arg_bytes)
+    if problem is not None:
+        return failure(call.name if call.name in handlers else "<unknown>", problem)
+    t0 = time.monotonic()
+    result = handlers[call.name](**call.arguments)
+    if result.latency_s == 0.0:
+        result = replace(result, latency_s=time.monotonic() - t0)
+    return result
+
+
+def system_prompt(intro: str, example: str, answer_format: str) -> str:
+    """The system message every env uses: the job, the call format with one example, the answer format."""
+    return (
+        f"{intro}\n\nTo call a tool, write exactly one JSON object inside tags, e.g.\n{example}\n"
+        f"The tool's output comes back inside <tool_response>...</tool_response>. "
+        f"When you are done, {answer_format}"
+    )
+
+
+def run_scripted(env: Env, task: Task, actions: list[str]) -> tuple[float, list[ToolResult]]:
+    """Play scripted assistant messages: run every tool call of each, score the first message without calls.
+
+    The last action is scored when every action had calls (or a result said `done`).
+    """
+    results: list[ToolResult] = []
+    episode = env.start(task)
+    try:
+        final = actions[-1] if actions else ""
+        for action in actions:
+            calls = parse_tool_calls(action)
+            if not calls:
+                final = action
+                break
+            results.extend(episode.execute(c) for c in calls)
+            if results and results[-1].done:
+                final = action
+                break
+        return episode.score(final), results
+    finally:
+        episode.close()
