@@ -6,10 +6,12 @@ with the same map at the same step boundary:
   1. agree: each rank writes (rebuild epoch, role-map version, digest) to the store and waits for
      all others; a rank that is missing or holds another version fails loudly with the ranks
      named (a skipped `new_group` would otherwise hang everyone: PLATFORM.md);
-  2. destroy the previous groups;
-  3. create the new ones, always in this order: trainer group, one TP group per rollout
+  2. create the new groups, always in this order: trainer group, one TP group per rollout
      instance with TP > 1 (by instance id), the weight-sync group (first trainer rank + every
-     rollout rank).
+     rollout rank). A trainer or TP group whose rank set is unchanged is kept, not re-created
+     (every rank makes the same choice from the same two maps), so an untouched FSDP trainer or
+     TP instance keeps its device mesh and its in-flight state across the change;
+  3. destroy the previous groups that were not kept.
 
 Role maps number worker ranks 0..N-1; with a coordinator at global rank 0 (our launcher and
 torchrun alike) worker i is global rank i + `rank_offset`.
@@ -48,6 +50,7 @@ class Groups:
     sync: dist.ProcessGroup | None = None
     sync_src: int = -1  # global rank that broadcasts weights in `sync`
     owned: list[dist.ProcessGroup] = field(default_factory=list)  # every group created (members or not)
+    keyed: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)  # trainer/TP groups by global ranks
 
 
 class GroupManager:
@@ -72,8 +75,12 @@ class GroupManager:
                 f"but the process group has {self.world_size} ranks; plan for {self.world_size - self.rank_offset} workers"
             )
         self._agree(role_map)
-        self.destroy()
-        self.current = self._build(role_map)
+        old = self.current
+        reusable = {} if old is None else old.keyed
+        self.current = self._build(role_map, reusable)
+        if old is not None:
+            kept = {id(pg) for pg in self.current.owned}
+            self._destroy([pg for pg in old.owned if id(pg) not in kept])
         return self.current
 
     def _agree(self, role_map: RoleMap) -> None:
@@ -100,18 +107,22 @@ class GroupManager:
         if self.epoch > 2:  # keep the store small over long runs
             self.store.delete_key(f"libra/rolemap/{self.epoch - 2}/{self.global_rank}")
 
-    def _new_group(self, worker_ranks, groups: Groups) -> dist.ProcessGroup | None:
-        ranks = sorted(self.to_global(worker_ranks))
-        pg = dist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=self.timeout_s))
+    def _new_group(self, worker_ranks, groups: Groups, reusable: dict | None = None) -> dist.ProcessGroup | None:
+        ranks = tuple(sorted(self.to_global(worker_ranks)))
+        pg = (reusable or {}).get(ranks)
+        if pg is None:
+            pg = dist.new_group(ranks=list(ranks), timeout=datetime.timedelta(seconds=self.timeout_s))
         groups.owned.append(pg)
+        if reusable is not None:
+            groups.keyed[ranks] = pg
         return pg if self.global_rank in ranks else None
 
-    def _build(self, role_map: RoleMap) -> Groups:
+    def _build(self, role_map: RoleMap, reusable: dict) -> Groups:
         groups = Groups(role_map=role_map)
-        groups.trainer = self._new_group(role_map.trainer_ranks, groups)
+        groups.trainer = self._new_group(role_map.trainer_ranks, groups, reusable)
         for inst in sorted(role_map.instances, key=lambda i: i.instance_id):
             if inst.tp > 1:
-                pg = self._new_group(inst.ranks, groups)
+                pg = self._new_group(inst.ranks, groups, reusable)
                 if pg is not None:
                     groups.tp[inst.instance_id] = pg
         src = role_map.trainer_ranks[0]
@@ -123,9 +134,12 @@ class GroupManager:
         return groups
 
     def destroy(self) -> None:
-        if self.current is None:
-            return
-        for pg in self.current.owned:
+        if self.current is not None:
+            self._destroy(self.current.owned)
+        self.current = None
+
+    @staticmethod
+    def _destroy(pgs) -> None:
+        for pg in pgs:
             if pg is not None and pg != dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(pg)
-        self.current = None

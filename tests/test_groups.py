@@ -89,3 +89,21 @@ def _missing_rank(ctx):
 def test_missing_rank_is_named():
     with pytest.raises(WorkerFailed, match=r"ranks \[2\] did not confirm role map v1"):
         spawn(_missing_rank, 3, device_info=CPU, timeout_s=30)
+
+
+def _keep_unchanged(ctx):
+    mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=30)
+    a = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("long", 2), ("short", 1)), buckets=BUCKETS, version=1)
+    b = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("long", 2), ("short", 1)), buckets=BUCKETS, version=2)
+    c = split_role_map(world_size=4, num_trainer=2, rollout_tp=(("long", 2),), buckets=BUCKETS, version=3)
+    g1 = mgr.apply(a).tp.get(0)
+    g2 = mgr.apply(b).tp.get(0)
+    g3 = mgr.apply(c)  # ranks 2,3 now form the TP group: a new one
+    _check_sum(g3.tp.get(0), (2, 3), ctx.rank)
+    return g1 is g2, g3.tp.get(0) is g2 and g2 is not None
+
+
+def test_unchanged_groups_are_kept_and_changed_ones_rebuilt():
+    out = spawn(_keep_unchanged, 4, device_info=CPU, timeout_s=30)
+    assert [same for same, _ in out] == [True, True, True, True]  # (None is None on non-members)
+    assert [rebuilt_same for _, rebuilt_same in out] == [False, False, False, False]
