@@ -1,0 +1,166 @@
+"""The KV-cache side of the rollout engine: one batched DynamicCache plus parked per-request KV.
+
+Algorithm:
+  1. Rows of the running batch share one `DynamicCache`, left-padded: row i holds its
+     `lens[i]` valid columns as the suffix, so position ids are simply `lens[i]` and a row's
+     KV is `keys[i, :, L - lens[i]:]`.
+  2. `prefill(rid, ids)` runs the new tokens of one request alone (batch 1, no padding) on top
+     of its parked KV, and parks the result; `admit(rids)` left-pads parked rows to the batch
+     length and concatenates them; `park(rids)` slices rows out (the tool wait keeps their KV)
+     and trims columns no row needs any more; `decode(tokens)` feeds one token per row.
+  3. Tensor parallel: every op is a pure function of its arguments. The leader broadcasts each
+     op over the TP group before running it; a follower's `serve_step` replays ops until the
+     leader's end-of-step marker, so the sharded forwards (and their collectives) line up.
+
+Invariants (tests/test_rollout*.py): logits of a row never depend on the other rows (matches a
+full recompute of the sequence alone within 1e-5); a parked row resumes with exactly its own KV.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+log = logging.getLogger(__name__)
+
+
+class BatchRunner:
+    def __init__(self, model, *, device, tp_group=None):
+        self.model = model
+        self.device = torch.device(device)
+        self.tp_group = tp_group
+        self.rows: list[str] = []  # request ids in batch order
+        self.lens: list[int] = []  # valid KV columns per row
+        self.cache: DynamicCache | None = None
+        self.parked: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = {}  # rid -> (per-layer (k, v), length)
+        self._leader_rank = None
+        if tp_group is not None:
+            import torch.distributed as dist
+
+            self._leader_rank = dist.get_global_rank(tp_group, 0)
+            self.is_leader = dist.get_rank(tp_group) == 0
+        else:
+            self.is_leader = True
+
+    # ---- TP op replication -------------------------------------------------------------
+    def _send(self, op: tuple) -> None:
+        if self.tp_group is not None and self.is_leader:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([op], src=self._leader_rank, group=self.tp_group)
+
+    def end_step(self, *, idle: bool) -> None:
+        self._send(("end_step", idle))
+
+    def serve_step(self) -> bool:
+        """Follower: replay the leader's ops for one step; returns whether the leader is idle."""
+        import torch.distributed as dist
+
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=self._leader_rank, group=self.tp_group)
+            op = box[0]
+            if op[0] == "end_step":
+                return op[1]
+            getattr(self, "_" + op[0])(*op[1:])
+
+    # ---- public ops (leader) ------------------------------------------------------------
+    def prefill(self, rid: str, new_ids: list[int]) -> torch.Tensor:
+        self._send(("prefill", rid, new_ids))
+        return self._prefill(rid, new_ids)
+
+    def admit(self, rids: list[str]) -> None:
+        self._send(("admit", rids))
+        self._admit(rids)
+
+    def park(self, rids: list[str]) -> None:
+        self._send(("park", rids))
+        self._park(rids)
+
+    def drop(self, rid: str) -> None:
+        self._send(("drop", rid))
+        self._drop(rid)
+
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        self._send(("decode", tokens))
+        return self._decode(tokens)
+
+    def set_weights(self, named_tensors: dict) -> None:
+        from engine.tp import load_full_weights
+
+        load_full_weights(self.model, named_tensors)
+
+    def cached_len(self, rid: str) -> int:
+        if rid in self.parked:
+            return self.parked[rid][1]
+        return self.lens[self.rows.index(rid)] if rid in self.rows else 0
+
+    # ---- implementations (all ranks) ----------------------------------------------------
+    @torch.no_grad()
+    def _prefill(self, rid: str, new_ids: list[int]) -> torch.Tensor:
+        past, n_past = self.parked.pop(rid, (None, 0))
+        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(n_past, n_past + len(new_ids), device=self.device)[None]
+        mask = torch.ones(1, n_past + len(new_ids), dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        self.parked[rid] = ([(lay.keys, lay.values) for lay in cache.layers], n_past + len(new_ids))
+        return out.logits[0, -1].float()
+
+    def _admit(self, rids: list[str]) -> None:
+        parts = [self.parked.pop(r) for r in rids]
+        width = max([self.cache.layers[0].keys.shape[-2] if self.rows else 0] + [n for _, n in parts])
+        layers = []
+        for li in range(len(parts[0][0])):
+            ks, vs = [], []
+            if self.rows:
+                k, v = self.cache.layers[li].keys, self.cache.layers[li].values
+                pad = width - k.shape[-2]
+                ks.append(F.pad(k, (0, 0, pad, 0)))
+                vs.append(F.pad(v, (0, 0, pad, 0)))
+            for kv, n in parts:
+                ks.append(F.pad(kv[li][0], (0, 0, width - n, 0)))
+                vs.append(F.pad(kv[li][1], (0, 0, width - n, 0)))
+            layers.append((torch.cat(ks), torch.cat(vs)))
+        self.cache = DynamicCache(ddp_cache_data=layers)
+        self.rows += list(rids)
+        self.lens += [n for _, n in parts]
+
+    def _park(self, rids: list[str]) -> None:
+        leave = set(rids)
+        for i, rid in enumerate(self.rows):
+            if rid in leave:
+                n = self.lens[i]
+                self.parked[rid] = ([(lay.keys[i : i + 1, :, -n:], lay.values[i : i + 1, :, -n:]) for lay in self.cache.layers], n)
+        self._keep([i for i, r in enumerate(self.rows) if r not in leave])
+
+    def _drop(self, rid: str) -> None:
+        self.parked.pop(rid, None)
+        if rid in self.rows:
+            self._keep([i for i, r in enumerate(self.rows) if r != rid])
+
+    def _keep(self, idx: list[int]) -> None:
+        self.rows = [self.rows[i] for i in idx]
+        self.lens = [self.lens[i] for i in idx]
+        if not idx:
+            self.cache = None
+            return
+        width = max(self.lens)
+        sel = torch.tensor(idx, device=self.device)
+        # trim the left padding no remaining row needs, so decode cost follows the live rows
+        self.cache = DynamicCache(ddp_cache_data=[(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers])
+
+    @torch.no_grad()
+    def _decode(self, tokens: list[int]) -> torch.Tensor:
+        assert len(tokens) == len(self.rows), f"decode got {len(tokens)} tokens for {len(self.rows)} rows"
+        width = self.cache.layers[0].keys.shape[-2]
+        lens = torch.tensor(self.lens, device=self.device)
+        cols = torch.arange(width + 1, device=self.device)[None]
+        mask = (cols >= (width - lens)[:, None]).long()
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], cache=self.cache, use_cache=True)
+        self.lens = [n + 1 for n in self.lens]
+        return out.logits[:, -1].float()

@@ -1,0 +1,222 @@
+"""Rollout engine: exactness under pauses/joins/cancellations/migration, limits, malformed calls, weights."""
+
+import random
+import re
+import time
+
+import pytest
+import torch
+
+from engine.models import build_tiny, render_prompt
+from engine.rollout import Finished, Progress, RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
+from envs.base import Task, ToolCall, ToolCallError, ToolInfraError, ToolResult
+
+torch.set_num_threads(1)
+
+CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
+BAD_CALL = "<tool_call>\n{bad json\n</tool_call>"
+
+
+class Scripted(torch.nn.Module):
+    """The tiny model plus a position-keyed logit bias, so greedy decoding writes tool calls on cue."""
+
+    def __init__(self, model, script: dict[int, int], bias: float = 30.0):
+        super().__init__()
+        self.inner, self.script, self.bias = model, script, bias
+        self.config, self.generation_config = model.config, model.generation_config
+
+    def forward(self, *, input_ids, position_ids, **kw):
+        out = self.inner(input_ids=input_ids, position_ids=position_ids, **kw)
+        pos = position_ids[:, -out.logits.shape[1]:]
+        for (b, t), p in zip(torch.cartesian_prod(*map(torch.arange, pos.shape)).tolist(), pos.flatten().tolist()):
+            if p + 1 in self.script:
+                out.logits[b, t, self.script[p + 1]] += self.bias
+        return out
+
+
+class FakeEpisode:
+    def __init__(self, latency_s=0.0, infra_at=None):
+        self.latency_s, self.infra_at, self.calls, self.closed = latency_s, infra_at, [], False
+
+    def execute(self, call):
+        self.calls.append(call)
+        time.sleep(self.latency_s)
+        if self.infra_at == len(self.calls):
+            raise ToolInfraError("sandbox gone")
+        if isinstance(call, ToolCallError):
+            return ToolResult(tool="<parse>", text="error: " + call.message[:20], status="failure")
+        return ToolResult(tool=call.name, text=f"ok {len(self.calls)}", status="success")
+
+    def score(self, final_text):
+        return float(len(self.calls))
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny(0)
+
+
+def make_script(tok):
+    call, bad = tok.encode(CALL, add_special_tokens=False), tok.encode(BAD_CALL, add_special_tokens=False)
+    script = {40 + i: t for i, t in enumerate(call)}
+    script.update({95 + i: t for i, t in enumerate(bad)})
+    script[140] = tok.eos_token_id
+    return script
+
+
+def task_for(i):
+    return Task(task_id=f"t{i}", bench="toy", messages=({"role": "user", "content": "go " * (i % 9)},), tools=())
+
+
+def run(engine, reqs, *, cancel=(), migrate_to=None, migrate=(), max_steps=3000):
+    """Drive `engine` to idle; cancels/exports the named requests after their first ToolReturned."""
+    for r in reqs:
+        engine.add(r)
+    done, seen = {}, []
+    engines = [engine] + ([migrate_to] if migrate_to else [])
+    for _ in range(max_steps):
+        if all(e.idle for e in engines):
+            break
+        for e in engines:
+            for ev in e.step():
+                seen.append(ev)
+                if isinstance(ev, Finished):
+                    done[ev.request_id] = ev.trajectory
+                elif isinstance(ev, ToolReturned) and ev.request_id in cancel and ev.request_id in e.seqs:
+                    e.cancel(ev.request_id)
+                elif isinstance(ev, ToolReturned) and ev.request_id in migrate and e is engine and ev.request_id in e.seqs:
+                    state = e.export(ev.request_id)
+                    req = next(r for r in reqs if r.request_id == ev.request_id)
+                    migrate_to.add(RolloutRequest(req.request_id, req.task, req.episode, req.prompt_ids, req.group_id, state=state))
+        time.sleep(0.0005)
+    assert all(e.idle for e in engines)
+    return done, seen
+
+
+def engine_for(model, tok, **kw):
+    cfg = dict(temperature=0.0, max_new_tokens_per_turn=60, max_turns=4, max_total_tokens=400, max_batch=6, progress_every_tokens=16)
+    cfg.update(kw)
+    return RolloutEngine(model, tok, RolloutConfig(**cfg), device="cpu")
+
+
+def requests(tok, n, rng):
+    return [RolloutRequest(f"r{i}", task_for(i), FakeEpisode(rng.choice([0.0, 0.003, 0.02])),
+                           render_prompt(tok, task_for(i).messages, ()), "g") for i in range(n)]
+
+
+def test_teacher_forced_recompute_matches_recorded(tiny):
+    model, tok = tiny
+    scripted = Scripted(model, make_script(tok))
+    done, seen = run(engine_for(scripted, tok), requests(tok, 3, random.Random(0)))
+    for traj in done.values():
+        ids = torch.tensor([traj.token_ids])
+        with torch.no_grad():
+            logits = scripted(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0]
+        logp = torch.log_softmax(logits[:-1], -1)
+        for i in range(traj.prompt_len, traj.num_tokens):
+            if traj.loss_mask[i]:
+                assert logp[i - 1].argmax().item() == traj.token_ids[i]
+                assert abs(logp[i - 1, traj.token_ids[i]].item() - traj.logprobs[i]) < 1e-5
+        # two tool turns (one good, one malformed) then eos: 3 model turns
+        assert len(traj.turns) == 3 and traj.finish_reason == "stop"
+        assert traj.tool_outcomes == [("calc", "small", "success"), ("<parse>", "small", "failure")]
+        assert traj.reward == 2.0 and traj.policy_versions == [0]
+        text = tok.decode(traj.token_ids, skip_special_tokens=False)
+        assert "<tool_response>\nok 1\n</tool_response>" in text and "<tool_response>\nerror: " in text
+        assert all(traj.loss_mask[i] == 0 for i in range(traj.turns[0][1], traj.turns[1][0]))
+    assert any(isinstance(e, Progress) for e in seen)
+
+
+def test_batched_with_pauses_joins_cancel_migration_equals_alone(tiny):
+    model, tok = tiny
+    scripted = Scripted(model, make_script(tok))
+    reqs = requests(tok, 10, random.Random(1))
+    alone = {}
+    for r in requests(tok, 10, random.Random(1)):
+        alone.update(run(engine_for(scripted, tok, max_batch=1), [r])[0])
+    target = engine_for(scripted, tok)
+    done, _ = run(engine_for(scripted, tok, max_batch=4), reqs, cancel={"r3"}, migrate_to=target, migrate={"r5", "r6"})
+    assert set(done) == {f"r{i}" for i in range(10)} - {"r3"}
+    assert reqs[3].episode.closed
+    for rid, traj in done.items():
+        ref = alone[rid]
+        assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask and traj.turns == ref.turns
+        assert max(abs(a - b) for a, b in zip(traj.logprobs, ref.logprobs)) < 1e-5
+    assert done["r5"].instances == [0, 0] and done["r0"].instances == [0]
+
+
+def test_sampling_is_seeded_per_request_and_independent_of_batch(tiny):
+    model, tok = tiny
+    kw = dict(temperature=1.0, top_p=0.9, max_new_tokens_per_turn=20, max_total_tokens=200)
+    a, _ = run(engine_for(model, tok, max_batch=8, **kw), requests(tok, 4, random.Random(2)))
+    b = {}
+    for r in requests(tok, 4, random.Random(2)):
+        b.update(run(engine_for(model, tok, max_batch=1, **kw), [r])[0])
+    assert {k: v.token_ids for k, v in a.items()} == {k: v.token_ids for k, v in b.items()}
+    assert len({tuple(t.token_ids) for t in a.values()}) == 4
+
+
+def test_limits_and_finish_reasons(tiny):
+    model, tok = tiny
+    script = {30 + i: t for i, t in enumerate(tok.encode(CALL, add_special_tokens=False))}
+    scripted = Scripted(model, script)
+    prompt = render_prompt(tok, task_for(0).messages, ())
+    done, _ = run(engine_for(scripted, tok, max_turns=1), [RolloutRequest("a", task_for(0), FakeEpisode(), prompt, "g")])
+    assert done["a"].finish_reason == "max_turns" and done["a"].tool_outcomes == []
+    done, _ = run(engine_for(model, tok, max_new_tokens_per_turn=7), [RolloutRequest("b", task_for(0), FakeEpisode(), prompt, "g")])
+    assert done["b"].finish_reason == "max_tokens" and done["b"].num_model_tokens == 7
+    done, _ = run(engine_for(model, tok, max_total_tokens=len(prompt) + 5), [RolloutRequest("c", task_for(0), FakeEpisode(), prompt, "g")])
+    assert done["c"].num_tokens == len(prompt) + 5 and done["c"].finish_reason == "max_tokens"
+
+
+def test_tool_infra_error_ends_without_reward(tiny):
+    model, tok = tiny
+    scripted = Scripted(model, make_script(tok))
+    ep = FakeEpisode(infra_at=1)
+    done, _ = run(engine_for(scripted, tok), [RolloutRequest("x", task_for(0), ep, render_prompt(tok, task_for(0).messages, ()), "g")])
+    assert done["x"].finish_reason == "tool_infra" and done["x"].reward is None and ep.closed
+
+
+def test_done_result_submits(tiny):
+    model, tok = tiny
+
+    class Submit(FakeEpisode):
+        def execute(self, call):
+            self.calls.append(call)
+            return ToolResult(tool="submit", text="bye", status="success", done=True)
+
+    done, seen = run(engine_for(Scripted(model, make_script(tok)), tok), [RolloutRequest("s", task_for(0), Submit(), render_prompt(tok, task_for(0).messages, ()), "g")])
+    assert done["s"].finish_reason == "submit" and done["s"].reward == 1.0
+    assert isinstance(done["s"].tool_outcomes[0], tuple) and [e.outcome for e in seen if isinstance(e, ToolReturned)] == [("submit", "small", "success")]
+    assert isinstance(ToolCall("a", {}), ToolCall)
+
+
+def test_set_weights_between_iterations_keeps_in_flight():
+    model, tok = build_tiny(0)
+    other, _ = build_tiny(1)
+    eng = engine_for(model, tok, max_new_tokens_per_turn=30)
+    eng.add(RolloutRequest("w", task_for(0), FakeEpisode(), render_prompt(tok, task_for(0).messages, ()), "g"))
+    for _ in range(10):
+        eng.step()
+    eng.set_weights(dict(other.state_dict()), 7)
+    done, _ = run(eng, [])
+    traj = done["w"]
+    assert traj.policy_versions == [0, 7] and traj.num_model_tokens == 30
+    assert torch.equal(model.model.embed_tokens.weight, other.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(max_turns=0), "RolloutConfig.max_turns=0 must be >= 1; set a positive value"),
+        (dict(temperature=-1.0), "RolloutConfig.temperature=-1.0 must be >= 0 (0 is greedy); set a non-negative value"),
+        (dict(top_p=0.0), "RolloutConfig.top_p=0.0 must be in (0, 1]; use 1.0 to disable nucleus sampling"),
+        (dict(tool_timeout_s=0), "RolloutConfig.tool_timeout_s=0 must be > 0; set a positive number of seconds"),
+    ],
+)
+def test_config_errors(kw, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        RolloutConfig(**kw)
