@@ -38,7 +38,7 @@ _INST, _TOOL, _TRAIN_DONE, _SYNC_DONE = 0, 1, 2, 3
 class ClusterSim:
     def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, is_async: bool,
                  longest_first: bool = False, clairvoyant: bool = False, free_sync: bool = False, free_reconfig: bool = False,
-                 reward=None):
+                 record: bool = False):
         self.cfg = cfg
         self.cost = cost
         self.workload = workload
@@ -50,7 +50,7 @@ class ClusterSim:
         self.retired_busy_dev_s = 0.0
         self.free_sync = free_sync
         self.free_reconfig = free_reconfig
-        self.reward = reward
+        self.admitted: list[SimRequest] | None = [] if record else None  # admission order, for traces
         self.events: list = []
         self.seq = 0
         self.now = 0.0
@@ -136,6 +136,8 @@ class ClusterSim:
         touched = set()
         for spec in specs:
             req = SimRequest(spec, j, self.rollout_version, self.now)
+            if self.admitted is not None:
+                self.admitted.append(req)
             route = self.router.admit(spec.request_id, spec.prompt_id, spec.prompt_tokens, self.now)
             inst = self.instances[route.instance_id]
             inst.advance(self.now)

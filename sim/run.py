@@ -27,14 +27,15 @@ from sim.config import SimConfig
 from sim.oracle import OracleRouter
 from sim.report import add_ratios, format_table, metrics_rows, summarize
 from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
-from sim.workload import SyntheticWorkload, get_profile
+from sim.trace import write_trajectories
+from sim.workload import PROFILES, SyntheticWorkload, get_profile
 
 __all__ = ["simulate", "compare", "format_table", "all_systems", "SimConfig"]
 log = logging.getLogger(__name__)
 
 ORACLE = "oracle"
 # SystemSpec's async flag; `async` itself is a keyword, so accept the spellings a spec may use.
-_ASYNC_ATTRS = ("is_async", "async_", "asynchronous")
+_ASYNC_ATTRS = ("async_pipeline", "is_async", "async_")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,21 +71,36 @@ def _spec_async(spec) -> bool:
     raise AttributeError(f"system spec {spec!r} has none of {_ASYNC_ATTRS}; cannot tell if it is async")
 
 
+def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
+    if cfg.trace_dir is not None or cfg.bench not in PROFILES:
+        return None
+    return get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens
+
+
 def build_system(system: str, cfg: SimConfig, cost) -> SystemParts:
     from scheduler import systems as sysmod
+    from scheduler.planner import PlannerConfig
+    from scheduler.prefix_tree import PrefixTreeConfig
+    from scheduler.routers import RouterConfig
 
     base = "libra" if system == ORACLE else system
     spec = sysmod.get_system(base)
-    role_map = sysmod.initial_role_map(base, cfg.num_devices, cost_model=cost)
-    planner = sysmod.make_planner(base, cfg.num_devices, cost, cfg.steps)
+    limits = _bucket_limits(cfg)
+    # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
+    # would dominate the host time, so the simulator rebuilds about once per step.
+    tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
+    rcfg = RouterConfig(tree=tree) if limits is None else RouterConfig(tree=tree, bucket_max_tokens=limits)
+    pcfg = PlannerConfig() if limits is None else PlannerConfig(bucket_max_tokens=limits)
+    role_map = sysmod.initial_role_map(base, cfg.num_devices, cost_model=cost, buckets=rcfg.buckets())
+    planner = sysmod.make_planner(base, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map)
     if system == ORACLE:
         router = OracleRouter(cost, cfg.max_seqs_per_device)
         return SystemParts(router=router, planner=planner, role_map=role_map, is_async=True, colocated=False, oracle=True)
-    return SystemParts(router=sysmod.make_router(base), planner=planner, role_map=role_map,
+    return SystemParts(router=sysmod.make_router(base, rcfg), planner=planner, role_map=role_map,
                        is_async=_spec_async(spec), colocated=bool(role_map.colocated))
 
 
-def _run(cfg: SimConfig, system: str) -> tuple[dict, list[dict]]:
+def _run(cfg: SimConfig, system: str, record: bool = False) -> tuple[dict, list[dict], list]:
     from scheduler.costmodel import get_cost_model
 
     t0 = time.perf_counter()
@@ -92,7 +108,7 @@ def _run(cfg: SimConfig, system: str) -> tuple[dict, list[dict]]:
     parts = build_system(system, cfg, cost)
     sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
                      role_map=parts.role_map, is_async=parts.is_async, longest_first=parts.oracle,
-                     clairvoyant=parts.oracle, free_sync=parts.oracle, free_reconfig=parts.oracle)
+                     clairvoyant=parts.oracle, free_sync=parts.oracle, free_reconfig=parts.oracle, record=record)
     rows = sim.run()
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
@@ -101,23 +117,26 @@ def _run(cfg: SimConfig, system: str) -> tuple[dict, list[dict]]:
                         reward_target=target)
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
-    return summary, metrics
+    return summary, metrics, sim.admitted or []
 
 
-def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict]) -> None:
+def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict], admitted=()) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({"mode": "sim", "system": system, "sim": cfg.to_dict()}, indent=2))
     with open(out_dir / "metrics.jsonl", "w") as f:
         for m in metrics:
             f.write(json.dumps(m) + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if admitted:
+        write_trajectories(out_dir / "trajectories.jsonl", admitted)
 
 
 def simulate(cfg: SimConfig, system: str, out_dir: Path | None = None) -> dict:
-    """Simulate one system; with `out_dir`, write config.json, metrics.jsonl, summary.json there."""
-    summary, metrics = _run(cfg, system)
+    """Simulate one system; with `out_dir`, write config.json, metrics.jsonl, summary.json there,
+    and the run's trajectories.jsonl in the real runtime's trace format (replayable)."""
+    summary, metrics, admitted = _run(cfg, system, record=out_dir is not None)
     if out_dir is not None:
-        _write_run(Path(out_dir), cfg, system, summary, metrics)
+        _write_run(Path(out_dir), cfg, system, summary, metrics, admitted)
     return summary
 
 
@@ -126,7 +145,7 @@ def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> 
     names = list(systems) if systems else all_systems()
     results = {}
     for name in names:
-        summary, metrics = _run(cfg, name)
+        summary, metrics, _ = _run(cfg, name)
         results[name] = summary
         if out_dir is not None:
             _write_run(Path(out_dir) / name, cfg, name, summary, metrics)

@@ -58,6 +58,7 @@ class WorkloadProfile:
     tool_latency_sigma: float = 0.8  # lognormal sigma of tool latency
     fail_base: float = 0.1  # failure probability of a tool call at difficulty 1
     output_tokens: tuple[int, int, int] = (64, 512, 2048)  # tool output tokens: small/medium/large
+    bucket_max_tokens: tuple[int, int] = (4096, 12288)  # rollout bucket limits a user would set for it
 
     def __post_init__(self) -> None:
         if self.max_context_tokens <= self.prompt_tokens:
@@ -96,16 +97,19 @@ PROFILES: dict[str, WorkloadProfile] = {
         name="swe", prompt_tokens=2048, base_turns=8, max_turns=50, base_turn_tokens=256,
         max_turn_tokens=4096, max_context_tokens=65536, tools=("bash", "edit", "run_tests"), tool_latency_s=2.0,
         tool_latency_sigma=1.0, fail_base=0.15, output_tokens=(96, 768, 3072), drift=0.3,
+        bucket_max_tokens=(8192, 24576),
     ),
     "search": WorkloadProfile(
         name="search", prompt_tokens=384, base_turns=3, max_turns=10, base_turn_tokens=192,
         max_turn_tokens=2048, max_context_tokens=16384, tools=("search",), tool_latency_s=0.4, tool_latency_sigma=0.5,
         fail_base=0.1, output_tokens=(128, 640, 1536), drift=0.2,
+        bucket_max_tokens=(2048, 6144),
     ),
     "math": WorkloadProfile(
         name="math", prompt_tokens=256, base_turns=2, max_turns=6, base_turn_tokens=1536,
         max_turn_tokens=16384, max_context_tokens=32768, turn_exponent=0.25, tools=("python",), tool_latency_s=0.3,
         tool_latency_sigma=0.6, fail_base=0.2, output_tokens=(32, 256, 1024), drift=0.4,
+        bucket_max_tokens=(4096, 12288),
     ),
 }
 
