@@ -21,7 +21,7 @@ model's side of each row):
 | figure | published | model |
 |---|---|---|
 | Qwen2.5-7B (7.6B params) single-stream decode, A100-80G, TP1 | ~7.5 ms/token floor = 15.2 GB / 2.04 TB/s [1]; vLLM measures ~9-12 ms | 7.5 ms at bw_util=1.0, 8.8 ms at the default 0.85 |
-| same, TP2 / TP4 speedup per token | 1.5-1.8x / 2.2-3.0x (TP all-reduce bound) [2][3] | 1.7x / 2.9x |
+| same, TP2 / TP4 speedup per token | 1.5-1.8x / 2.2-3.0x (TP all-reduce bound) [2][3] | 1.7x / 3.1x (optimistic edge) |
 | Llama-2-70B decode on H100 vs A100 | ~1.6-1.8x (3.35 vs 2.04 TB/s) [1] | 1.64x (bandwidth ratio) |
 | FSDP / Megatron training MFU | 40-58% at 7-70B on A100/H100 [4][5] | train_mfu = 0.45 default |
 | Ascend 910B3 | ~313 TFLOPS fp16, 1.6 TB/s HBM, 64 GB [6] | table entry |

@@ -1,0 +1,84 @@
+"""Cost model: published-figure rows of the module docstring, monotonicity, config errors."""
+
+import math
+
+import pytest
+
+from scheduler.costmodel import HARDWARE, MODELS, CostModel, CostModelConfig, Hardware, ModelSpec, calibrate_cpu, get_cost_model
+
+
+def test_tables_have_the_agreed_keys():
+    assert set(HARDWARE) == {"a800", "a100", "h100", "h200", "910b3", "cpu"}
+    assert set(MODELS) == {"qwen3-4b", "qwen3-14b", "qwen3-30b-a3b", "qwen2.5-7b", "smollm2-135m", "tiny"}
+
+
+def test_single_stream_7b_decode_floor_on_a100():
+    floor = get_cost_model("a100", "qwen2.5-7b", CostModelConfig(bw_util=1.0)).decode_step_s(1, 0, 1)
+    assert floor == pytest.approx(7.62e9 * 2 / 2.039e12)  # 7.47 ms: weights / bandwidth
+    assert 7.0e-3 < floor < 8.0e-3
+    assert get_cost_model("a100", "qwen2.5-7b").decode_step_s(1, 0, 1) == pytest.approx(floor / 0.85)
+
+
+def test_tp_speeds_up_decode_within_published_range():
+    cm = get_cost_model("a100", "qwen2.5-7b")
+    t1, t2, t4 = (cm.decode_step_s(1, 512, tp) for tp in (1, 2, 4))
+    assert 1.5 <= t1 / t2 <= 1.8
+    assert 2.2 <= t1 / t4 <= 3.2  # published 2.2-3.0x; the model is at the optimistic edge
+    ratio = cm.decode_step_s(1, 512, 1) / get_cost_model("h100", "qwen2.5-7b").decode_step_s(1, 512, 1)
+    assert ratio == pytest.approx(3.35 / 2.039, rel=0.01)
+
+
+@pytest.mark.parametrize("hw", sorted(HARDWARE))
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_times_positive_finite_and_monotone(hw, model):
+    cm = get_cost_model(hw, model)
+    for tp in (1, 2, 4, 8):
+        steps = [cm.decode_step_s(b, c, tp) for b in (1, 8, 64) for c in (0, 1000, 8000)]
+        assert all(0 < s < math.inf for s in steps)
+        assert cm.decode_step_s(8, 1000, tp) <= cm.decode_step_s(64, 1000, tp)
+        assert cm.decode_step_s(8, 1000, tp) <= cm.decode_step_s(8, 8000, tp)
+        assert 0 < cm.prefill_s(1000, tp) <= cm.prefill_s(4000, tp)
+    assert cm.train_s(10_000, 4) == pytest.approx(cm.train_s(10_000, 1) / 4)
+    assert cm.sync_s(0) == 0.0 and cm.sync_s(4) > 0 and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(3) > 0
+    assert cm.min_rollout_tp() in (1, 2, 4, 8) and cm.min_train_devices() >= 1 and cm.max_batch(1000, 1) >= 1
+
+
+def test_moe_reads_fewer_weights_at_small_batch():
+    cm = get_cost_model("h100", "qwen3-30b-a3b")
+    assert cm.decode_step_s(1, 0, 1) < cm.decode_step_s(64, 0, 1)
+    assert cm.decode_step_s(1, 0, 1) < get_cost_model("h100", "qwen3-14b").decode_step_s(1, 0, 1)
+
+
+def test_train_mfu_and_examples():
+    cm = get_cost_model("a800", "qwen3-4b", CostModelConfig(train_mfu=0.5, train_recompute_flops=0.0))
+    assert cm.train_s(1_000_000, 2) == pytest.approx(6 * 4.02e9 * 1e6 / (2 * 312e12 * 0.5))
+    with pytest.raises(ValueError, match=r"train_s: num_devices=0 must be >= 1"):
+        cm.train_s(10, 0)
+
+
+def test_calibrate_cpu():
+    hw = calibrate_cpu({"flops_per_s": 2e10, "mem_bytes_per_s": 5e9, "link_latency_s": 1e-3})
+    assert (hw.name, hw.peak_flops, hw.mem_bw_bytes_s, hw.link_latency_s) == ("cpu", 2e10, 5e9, 1e-3)
+    assert hw.link_bw_bytes_s == HARDWARE["cpu"].link_bw_bytes_s
+    with pytest.raises(ValueError, match=r"lack \['mem_bytes_per_s'\]; run `python -m bench.scheduler`"):
+        calibrate_cpu({"flops_per_s": 1e9})
+    with pytest.raises(ValueError, match=r"timings \{'mem_bytes_per_s': -1\} must be positive finite numbers"):
+        calibrate_cpu({"flops_per_s": 1e9, "mem_bytes_per_s": -1})
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match=r"CostModelConfig: bw_util=1.5 must be in \(0, 1\]"):
+        CostModelConfig(bw_util=1.5)
+    with pytest.raises(ValueError, match=r"optimizer_bytes_per_param=0 > 0"):
+        CostModelConfig(optimizer_bytes_per_param=0)
+    with pytest.raises(ValueError, match=r"Hardware 'x': peak_flops=0 must be > 0"):
+        Hardware(name="x", peak_flops=0, mem_bw_bytes_s=1, mem_bytes=1, link_bw_bytes_s=1, link_latency_s=0, group_rebuild_s=0)
+    with pytest.raises(ValueError, match=r"link_latency_s=-1, group_rebuild_s=0 must be >= 0"):
+        Hardware(name="x", peak_flops=1, mem_bw_bytes_s=1, mem_bytes=1, link_bw_bytes_s=1, link_latency_s=-1, group_rebuild_s=0)
+    with pytest.raises(ValueError, match=r"num_active_params=2 must be in \(0, num_params=1\]"):
+        ModelSpec(name="m", num_params=1, num_active_params=2, num_layers=1, hidden=1, num_kv_heads=1, head_dim=1)
+    with pytest.raises(ValueError, match=r"unknown hardware 'tpu'; choose one of"):
+        get_cost_model("tpu", "tiny")
+    with pytest.raises(ValueError, match=r"unknown model 'gpt'; choose one of"):
+        get_cost_model("cpu", "gpt")
+    assert isinstance(get_cost_model("cpu", "tiny"), CostModel)
