@@ -333,7 +333,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.utils._pytree import tree_map
 
+        # set_state_dict replaces the values of the dicts it is given with sharded tensors:
+        # hand it fresh containers so the caller's state stays a full state.
+        state = tree_map(lambda x: x, {"model": state["model"], "optimizer": state["optimizer"], "policy_version": state["policy_version"]})
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
         self.policy_version = int(state["policy_version"])
