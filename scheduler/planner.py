@@ -142,7 +142,7 @@ class GlobalPlanner:
         self._history: list[StepStats] = []
         self._steps_since_plan = 0
         self._min_tp = cost_model.min_rollout_tp() if self.cfg.check_memory else 1
-        self._min_train = min(world_size - 1, cost_model.min_train_devices()) if self.cfg.check_memory else 1
+        self._min_train = cost_model.min_train_devices() if self.cfg.check_memory else 1
 
     # ---- public ------------------------------------------------------------------------------
     def plan(self, history: Workload | Sequence[StepStats]) -> PlanDecision:

@@ -1,0 +1,139 @@
+"""Global planner: valid plans for any G, direction of the split, TP for the tail, hysteresis, triggers."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.api import StepStats
+from scheduler.costmodel import get_cost_model
+from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
+
+GPU = get_cost_model("h200", "qwen3-4b")  # training state fits one device, so G=2 is feasible
+CPU = get_cost_model("cpu", "tiny")
+CPU_CFG = PlannerConfig(bucket_max_tokens=(512, 1536))
+
+
+def _lengths(seed: int, n: int, scale: float, alpha: float, cap: int) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    return tuple(int(min(cap, rng.paretovariate(alpha) * scale)) for _ in range(n))
+
+
+@settings(max_examples=30, deadline=None)
+@given(g=st.integers(2, 1024), seed=st.integers(0, 10**6), gpu=st.booleans(), heavy=st.floats(0.01, 100.0),
+       het=st.booleans())
+def test_every_plan_is_valid(g, seed, gpu, heavy, het):
+    cm, cfg = (GPU, PlannerConfig(heterogeneous=het)) if gpu else (CPU, PlannerConfig(bucket_max_tokens=(512, 1536), heterogeneous=het))
+    lens = _lengths(seed, 24, 2000 if gpu else 150, 1.2, 32000 if gpu else 2000)
+    wl = Workload(trajectory_tokens=lens, num_trajectories=24, train_tokens=sum(lens) * heavy)
+    d = GlobalPlanner(cfg, cm, g, 50).plan(wl)
+    rm = d.role_map.validate()
+    assert rm.world_size == g and len(rm.trainer_ranks) >= 1 and len(rm.rollout_ranks) >= 1
+    assert len(rm.trainer_ranks) + len(rm.rollout_ranks) == g
+    assert all(i.tp in (1, 2, 4, 8) for i in rm.instances)
+    assert len(rm.buckets) == (3 if het else 1)
+    assert d.predicted_step_s > 0 and d.predicted_step_s == d.current_step_s
+
+
+def test_rollout_heavy_history_gets_more_rollout_devices():
+    lens = _lengths(1, 256, 1500, 1.5, 16000)
+    light = GlobalPlanner(None, GPU, 32, 100).plan(Workload(trajectory_tokens=lens, num_trajectories=256, train_tokens=1e5))
+    heavy = GlobalPlanner(None, GPU, 32, 100).plan(Workload(trajectory_tokens=lens, num_trajectories=256, train_tokens=5e7))
+    assert len(light.role_map.rollout_ranks) > len(heavy.role_map.rollout_ranks)
+    assert len(heavy.role_map.trainer_ranks) > len(light.role_map.trainer_ranks)
+
+
+def test_long_tail_gets_a_high_tp_instance():
+    tail = tuple([800] * 250 + [30000] * 6)
+    d = GlobalPlanner(None, GPU, 16, 100).plan(Workload(trajectory_tokens=tail, num_trajectories=256, train_tokens=1e6))
+    assert max(i.tp for i in d.role_map.instances) >= 2
+    assert d.details["rollout_s"] == pytest.approx(30000 * GPU.decode_step_s(1, 15000, 8))  # the tail on TP8
+
+
+def _stats(step: int, d, lens, train_tokens, noise=1.0) -> StepStats:
+    return StepStats(step=step, rollout_s=d.details["rollout_s"] * noise, train_s=d.details["train_s"] / noise,
+                     trajectory_tokens=lens, train_tokens=int(train_tokens), role_map=d.role_map)
+
+
+def test_no_flip_flop_on_stationary_input():
+    lens = _lengths(2, 128, 1500, 1.3, 20000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0)), GPU, 24, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=2e6))
+    for step in range(12):
+        noise = 1.03 if step % 2 else 0.97  # measured times wobble by +-3%
+        assert p.on_step_end(_stats(step, first, lens, 2e6, noise), float(step)) is None
+    assert p.current == first.role_map
+
+
+def test_workload_shift_replans_once_then_settles():
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+    cfg = PlannerConfig(interval_steps=100, history_steps=1)
+    p = GlobalPlanner(cfg, GPU, 32, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    # Training suddenly needs 100x more tokens: the measured ratio leaves the band -> re-plan now.
+    heavy = StepStats(step=1, rollout_s=first.details["rollout_s"], train_s=first.details["rollout_s"] * 20,
+                      trajectory_tokens=lens, train_tokens=int(1e7), role_map=first.role_map)
+    d = p.on_step_end(heavy, 1.0)
+    assert d is not None and d.role_map.version == first.role_map.version + 1
+    assert len(d.role_map.trainer_ranks) > len(first.role_map.trainer_ranks)
+    assert d.predicted_step_s < d.current_step_s and d.reconfig_s > 0
+    settled = StepStats(step=2, rollout_s=d.details["rollout_s"], train_s=d.details["train_s"], trajectory_tokens=lens,
+                        train_tokens=int(1e7), role_map=d.role_map)
+    assert p.on_step_end(settled, 2.0) is None
+
+
+def test_gain_must_amortise_reconfiguration():
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=1)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    heavy = StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                      role_map=first.role_map)
+    assert p.on_step_end(heavy, 1.0) is None  # 0 steps remain: no gain can pay for a switch
+
+
+def test_no_realloc_keeps_the_split():
+    lens = _lengths(4, 128, 1500, 1.5, 16000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=1, allow_realloc=False), GPU, 32, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    d = p.on_step_end(StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                                role_map=first.role_map), 1.0)
+    assert d is None or len(d.role_map.trainer_ranks) == len(first.role_map.trainer_ranks)
+
+
+def test_cpu_plan_is_exact_for_tiny_model():
+    lens = _lengths(0, 64, 150, 1.5, 2000)
+    d = GlobalPlanner(CPU_CFG, CPU, 8, 10).plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=sum(lens)))
+    assert d.role_map.describe() == "v0 train=6 | short:TP1x2"
+    assert d.details["num_trainer"] == 6 and d.details["train_layout"] == "fsdp6"
+
+
+def test_workload_from_stats_pools_steps():
+    wl = Workload.from_stats([StepStats(step=0, rollout_s=1, train_s=1, trajectory_tokens=(10, 30), tool_latency_s=(2.0,)),
+                              StepStats(step=1, rollout_s=1, train_s=1, trajectory_tokens=(20, 20), train_tokens=100)])
+    assert wl.trajectory_tokens == (10, 30, 20, 20) and wl.num_trajectories == 2
+    assert wl.train_tokens == 70 and wl.tool_s_per_token == 2.0 / 80
+    with pytest.raises(ValueError, match=r"none of 1 steps has trajectory_tokens"):
+        Workload.from_stats([StepStats(step=0, rollout_s=1, train_s=1)])
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(interval_steps=0), r"interval_steps=0 and history_steps=8 must be >= 1"),
+    (dict(ratio_band=(1.2, 2.0)), r"ratio_band=\(1.2, 2.0\) must satisfy 0 < low <= 1 <= high"),
+    (dict(min_gain_ratio=-1), r"min_gain_ratio=-1 must be >= 0"),
+    (dict(allowed_tp=(3,)), r"allowed_tp=\(3,\) must be a non-empty subset of \(1, 2, 4, 8\)"),
+    (dict(bucket_max_tokens=(5,)), r"bucket_max_tokens=\(5,\) must be increasing, one per bucket"),
+    (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
+    (dict(max_batch=0), r"max_batch=0 must be >= 1"),
+])
+def test_config_errors(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        PlannerConfig(**kw)
+
+
+def test_planner_errors():
+    with pytest.raises(ValueError, match=r"world_size=1 must be >= 2"):
+        GlobalPlanner(None, GPU, 1, 10)
+    big = get_cost_model("910b3", "qwen3-14b")  # 237 GB of training state cannot fit on one 64 GB device
+    with pytest.raises(ValueError, match=r"no layout of 2 devices fits .* set check_memory=False"):
+        GlobalPlanner(None, big, 2, 10).plan(Workload(trajectory_tokens=(100,), num_trajectories=1, train_tokens=100))
