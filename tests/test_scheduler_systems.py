@@ -1,0 +1,76 @@
+"""The systems table: names, router kinds, initial layouts for any G, planners only where due."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.cmlfq import CMLFQRouter
+from scheduler.costmodel import get_cost_model
+from scheduler.planner import GlobalPlanner, PlannerConfig
+from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, OracleRouter, cpu_router_config
+from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, make_planner, make_router
+
+NAMES = ["libra", "colocate", "static", "length_aware", "la_mlfq", "oracle", "libra-no-planner", "libra-no-realloc",
+         "libra-no-cmlfq", "libra-homogeneous"]
+CM = get_cost_model("cpu", "tiny")
+
+
+def test_table_names_and_flags():
+    assert list(SYSTEMS) == NAMES
+    libra = get_system("libra")
+    assert (libra.router, libra.heterogeneous, libra.planner, libra.realloc, libra.async_pipeline, libra.colocated) == (
+        "cmlfq", True, True, True, True, False)
+    assert get_system("colocate").colocated and not get_system("colocate").async_pipeline
+    assert get_system("oracle").sim_only and all(s.description for s in SYSTEMS.values())
+    with pytest.raises(ValueError, match=r"unknown system 'verl'; choose one of \['libra', 'colocate'"):
+        get_system("verl")
+    with pytest.raises(ValueError, match=r"router='x' is not one of"):
+        SystemSpec(name="s", router="x", heterogeneous=False, planner=False, realloc=False, async_pipeline=True, colocated=False)
+    with pytest.raises(ValueError, match=r"realloc=True needs planner=True"):
+        SystemSpec(name="s", router="cmlfq", heterogeneous=False, planner=False, realloc=True, async_pipeline=True, colocated=False)
+
+
+def test_make_router_kinds():
+    kinds = {n: type(make_router(n)) for n in NAMES}
+    assert kinds["libra"] is CMLFQRouter and kinds["libra-no-cmlfq"] is LeastLoadRouter
+    assert kinds["static"] is LeastLoadRouter and kinds["length_aware"] is LengthAwareRouter
+    assert kinds["la_mlfq"] is LAMLFQRouter and kinds["oracle"] is OracleRouter
+    assert make_router("libra", cpu_router_config()).cfg.bucket_max_tokens == (512, 1536)
+
+
+def test_small_layouts():
+    assert initial_role_map("libra", 2).describe() == "v0 train=1 | short:TP1x1"
+    assert initial_role_map("libra", 4).describe() == "v0 train=2 | short:TP1x1 long:TP1x1"
+    assert initial_role_map("libra", 6).describe() == "v0 train=3 | short:TP1x1 long:TP2x1"
+    assert initial_role_map("libra", 16).describe() == "v0 train=8 | short:TP1x2 medium:TP2x1 long:TP4x1"
+    assert initial_role_map("static", 8).describe() == "v0 train=4 | short:TP1x4"
+    assert initial_role_map("colocate", 4).describe() == "v0 train=4 colocated | short:TP1x4"
+    big = get_cost_model("910b3", "qwen3-30b-a3b")  # 61 GB of weights need TP2 on 64 GB devices
+    assert initial_role_map("static", 7, cost_model=big).describe() == "v0 train=5 | short:TP2x1"
+    with pytest.raises(ValueError, match=r"trainer_frac=1.0 must be in \(0, 1\)"):
+        initial_role_map("libra", 4, trainer_frac=1.0)
+    with pytest.raises(ValueError, match=r"world_size=1 must be >= 2"):
+        initial_role_map("libra", 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(NAMES), g=st.integers(2, 1024), frac=st.floats(0.05, 0.95))
+def test_initial_role_map_valid_for_any_world_size(name, g, frac):
+    rm = initial_role_map(name, g, trainer_frac=frac).validate()
+    assert rm.world_size == g
+    if not rm.colocated:
+        r = len(rm.rollout_ranks)
+        assert len(rm.trainer_ranks) + r == g
+        if SYSTEMS[name].heterogeneous and r >= 3:
+            assert max(i.tp for i in rm.instances) >= 2
+        if not SYSTEMS[name].heterogeneous:
+            assert len(rm.buckets) == 1
+
+
+def test_make_planner_only_for_planned_systems():
+    for name in NAMES:
+        p = make_planner(name, 8, CM, 100, PlannerConfig(bucket_max_tokens=(512, 1536)))
+        assert (p is not None) == SYSTEMS[name].planner
+        if p is not None:
+            assert isinstance(p, GlobalPlanner)
+            assert p.cfg.heterogeneous == SYSTEMS[name].heterogeneous and p.cfg.allow_realloc == SYSTEMS[name].realloc
