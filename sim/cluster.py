@@ -93,7 +93,8 @@ class ClusterSim:
                 new[ri.instance_id] = old
                 continue
             inst = SimInstance(instance_id=ri.instance_id, tp=ri.tp, bucket=ri.bucket,
-                               bucket_limit=limits[ri.bucket], capacity=cap * ri.tp, cost=self.cost)
+                               bucket_limit=limits[ri.bucket], capacity=cap * ri.tp, cost=self.cost,
+                               kv_capacity_tokens=kv_capacity_tokens(self.cost, ri.tp))
             inst.last_t = self.now
             new[ri.instance_id] = inst
         for iid, inst in self.instances.items():
@@ -281,6 +282,12 @@ class ClusterSim:
                                "reconfig_s": self.pending_reconfig_s,
                                "rollout_busy_dev_s": self.retired_busy_dev_s + sum(i.busy_dev_s for i in self.instances.values())})
         self.pending_reconfig_s = 0.0
+
+
+def kv_capacity_tokens(cost, tp: int, mem_frac: float = 0.9) -> float:
+    """KV-cache tokens an instance holds: memory left after its weight shard (vLLM's gpu_memory_utilization)."""
+    free = cost.hw.mem_bytes * mem_frac * tp - cost.model.weight_bytes
+    return max(0.0, free) / cost.model.kv_bytes_per_token
 
 
 def _rank_role(role_map: RoleMap, rank: int) -> tuple:

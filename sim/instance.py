@@ -9,7 +9,7 @@ two events the batch is fixed, so the instance advances at one decode iteration 
 "stall" seconds spent before decode resumes.
 
 Invariants (tests/test_sim_engine.py): a request leaves after exactly the tokens it asked for;
-the batch never exceeds `capacity`; the decode-token count equals the sum over requests.
+the batch never exceeds `capacity` sequences, nor (once it holds one) its KV capacity in tokens; the decode-token count equals the sum over requests.
 """
 
 from __future__ import annotations
@@ -49,14 +49,17 @@ class SimInstance:
     __slots__ = (
         "instance_id", "tp", "bucket", "bucket_limit", "capacity", "cost", "queue", "heap", "num_active",
         "ctx_offset", "iter_pos", "stall_s", "last_t", "step_s", "epoch", "busy_dev_s", "active_ids",
+        "kv_capacity_tokens",
     )
 
-    def __init__(self, *, instance_id: int, tp: int, bucket: str, bucket_limit: int | None, capacity: int, cost):
+    def __init__(self, *, instance_id: int, tp: int, bucket: str, bucket_limit: int | None, capacity: int, cost,
+                 kv_capacity_tokens: float = float("inf")):
         self.instance_id = instance_id
         self.tp = tp
         self.bucket = bucket
         self.bucket_limit = bucket_limit
         self.capacity = capacity
+        self.kv_capacity_tokens = kv_capacity_tokens
         self.cost = cost
         self.queue: deque[SimRequest] = deque()
         self.heap: list[tuple[float, int, int, SimRequest]] = []
@@ -122,8 +125,15 @@ class SimInstance:
         req.decode_done += done
         return done
 
+    def kv_tokens(self) -> float:
+        return self.ctx_offset + self.num_active * self.iter_pos
+
     def fill(self) -> None:
+        # admit while both the sequence cap and the KV cache (tokens) allow; an empty instance
+        # always takes one request so that nothing waits forever
         while self.queue and self.num_active < self.capacity:
+            if self.num_active and self.kv_tokens() + self.queue[0].context > self.kv_capacity_tokens:
+                break
             self.join(self.queue.popleft())
 
     def pop_due(self) -> list[SimRequest]:

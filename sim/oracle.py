@@ -7,7 +7,9 @@ It is the yardstick every system is compared with (simulation only). The oracle
    full-batch throughput, but never faster than its per-token latency times the trajectory's
    length), so it never migrates and never re-prefills,
 3. and runs with free weight sync and free reconfiguration (it knows what to prefetch).
-The layout and planner are libra's, so any gap to the oracle is scheduling, not hardware.
+`sim/run.py` plays this schedule over several layouts (libra's planner, a homogeneous planner,
+a fixed split, colocation) and keeps the fastest, so the oracle is the best clairvoyant schedule
+we know, not a proof of optimality.
 
 Invariants (tests/test_sim_oracle.py): the oracle never migrates; no system's throughput beats
 the oracle's on the same workload and seed.
