@@ -140,6 +140,7 @@ class GlobalPlanner:
         self.current = current
         self.rollout_scale = self.train_scale = 1.0
         self._history: list[StepStats] = []
+        self._tables: dict = {}  # (demand, tp) -> T(k), rebuilt per search
         self._steps_since_plan = 0
         self._min_tp = cost_model.min_rollout_tp() if self.cfg.check_memory else 1
         self._min_train = cost_model.min_train_devices() if self.cfg.check_memory else 1
@@ -202,8 +203,10 @@ class GlobalPlanner:
     def _bucket_s(self, d: _Demand, tp_counts: dict[int, int], tool_s_per_token: float) -> float:
         if d.n <= 0:
             return 0.0
-        k = sum(tp_counts.values())
-        batch = max(1, math.ceil(d.n / k))
+        return max(self._thr_s(d, tp_counts), self._tail_s(d, max(tp_counts), tool_s_per_token))
+
+    def _thr_s(self, d: _Demand, tp_counts: dict[int, int]) -> float:
+        batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
         ctx = d.tokens / d.n / 2
         rate = 0.0
         for tp, c in tp_counts.items():
@@ -211,11 +214,12 @@ class GlobalPlanner:
             b = min(batch, self.cfg.max_batch, self.cm.max_batch(2 * ctx, tp))
             rate += c * b / self.cm.decode_step_s(b, ctx, tp)
         thr = d.tokens / rate
-        tp_max = max(tp_counts)
         if d.reprefill:
-            thr += batch * self.cm.prefill_s(d.reprefill, tp_max)
-        tail = d.longest * self.cm.decode_step_s(1, d.longest / 2, tp_max) + d.longest * tool_s_per_token
-        return max(thr, tail)
+            thr += batch * self.cm.prefill_s(d.reprefill, max(tp_counts))
+        return thr
+
+    def _tail_s(self, d: _Demand, tp: int, tool_s_per_token: float) -> float:
+        return d.longest * self.cm.decode_step_s(1, d.longest / 2, tp) + d.longest * tool_s_per_token
 
     def _train_s(self, wl: Workload, num_trainer: int) -> float:
         return self.cm.train_s(int(wl.train_tokens), num_trainer) * self.train_scale
@@ -258,11 +262,19 @@ class GlobalPlanner:
                     yield active, combo
 
     def _table(self, d: _Demand, tp: int, wl: Workload) -> list[float]:
+        """T(k) for k = 1.. instances, cut where it reaches the tail floor (more instances cannot help)."""
+        key = (d, tp)
+        if key in self._tables:
+            return self._tables[key]
+        tail = self._tail_s(d, tp, wl.tool_s_per_token)
         kmax = max(1, min(math.ceil(d.n), self.world_size // tp))
         out, best = [], math.inf
         for k in range(1, kmax + 1):
-            best = min(best, self._bucket_s(d, {tp: k}, wl.tool_s_per_token))
+            best = min(best, max(self._thr_s(d, {tp: k}), tail))
             out.append(best)
+            if best <= tail:
+                break
+        self._tables[key] = out
         return out
 
     def _frontier(self, tables: list[list[float]], tps: tuple[int, ...]) -> tuple[list[float], list[int]]:
@@ -283,6 +295,7 @@ class GlobalPlanner:
 
     def _search(self, wl: Workload) -> _Choice:
         g, buckets = self.world_size, self.cfg.buckets()
+        self._tables: dict[tuple[_Demand, int], list[float]] = {}  # valid for this workload only
         fixed_r = len(self.current.rollout_ranks) if (self.current and not self.cfg.allow_realloc) else None
         best_r: dict[int, tuple[float, tuple, tuple, int]] = {}
         for active, tps in self._assignments(len(buckets)):
@@ -319,6 +332,7 @@ class GlobalPlanner:
         """Instances per active bucket for the chosen R: the k_a(T), then the leftovers."""
         demands = self._demands(wl, c.active)
         tables = [self._table(d, tp, wl) for d, tp in zip(demands, c.tps)]
+        self._tables = {}
         target = c.rollout_s / self.rollout_scale
         ks = [next((k for k, v in enumerate(tab, 1) if v <= target * (1 + 1e-12)), len(tab)) for tab in tables]
         left = c.num_rollout - sum(k * tp for k, tp in zip(ks, c.tps))
