@@ -229,3 +229,22 @@ def colocated_role_map(*, world_size: int, tp: int = 1, version: int = 0) -> Rol
         buckets=(Bucket(name="short", max_tokens=None),),
         colocated=True,
     ).validate()
+
+
+def keep_instance_ids(old: RoleMap, new: RoleMap) -> RoleMap:
+    """`new` with the ids of `old` kept for instances on the same ranks, fresh ids for the rest.
+
+    The engine keeps an instance (its KV cache, its in-flight requests) across a role-map
+    change only when its ranks are unchanged; giving it the same id lets the router keep its
+    requests where they are, and a fresh id for every other instance makes the router re-home
+    the requests of the instances that disappeared.
+    """
+    by_ranks = {inst.ranks: inst.instance_id for inst in old.instances}
+    nxt = max([i.instance_id for i in old.instances] + [i.instance_id for i in new.instances]) + 1
+    out = []
+    for inst in new.instances:
+        iid = by_ranks.get(inst.ranks)
+        if iid is None:
+            iid, nxt = nxt, nxt + 1
+        out.append(dataclasses.replace(inst, instance_id=iid))
+    return dataclasses.replace(new, instances=tuple(out)).validate()

@@ -94,24 +94,28 @@ def _split(world_size: int, trainer_frac: float) -> int:
     return min(world_size - 1, max(1, round(world_size * trainer_frac)))
 
 
-def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int) -> tuple[tuple[str, int], ...]:
+def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int,
+                      allowed_tp: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[tuple[str, int], ...]:
     short, long_ = buckets[0].name, buckets[-1].name
     medium = buckets[len(buckets) // 2].name if len(buckets) >= 3 else long_
     r = num_rollout
     if min_tp > 1 or r < 2:
         return tuple((short, min_tp) for _ in range(r // min_tp))
-    if r == 2:
-        return ((short, 1), (long_, 1))
-    long_tp = max(t for t in (2, 4, 8) if t <= max(2, r // 2))
+    multi = [t for t in (2, 4, 8) if t in allowed_tp and t <= r]
+    if r == 2 or not multi:
+        # no TP split possible (or no room for one): heterogeneity by bucket only, TP1 everywhere
+        return tuple([(short, 1)] * (r - 1) + [(long_, 1)])
+    long_tp = max([t for t in multi if t <= max(2, r // 2)] or [min(multi)])
     spec, left = [(long_, long_tp)], r - long_tp
-    if left >= 4:
+    if left >= 4 and 2 in allowed_tp:
         spec.append((medium, 2))
         left -= 2
     return tuple([(short, 1)] * left + spec)
 
 
 def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | None = None,
-                     buckets: tuple[Bucket, ...] | None = None, trainer_frac: float = 0.5) -> RoleMap:
+                     buckets: tuple[Bucket, ...] | None = None, trainer_frac: float = 0.5,
+                     allowed_tp: tuple[int, ...] = (1, 2, 4, 8)) -> RoleMap:
     """A sane first layout for `system` on `world_size` ranks (see the module docstring)."""
     spec = get_system(system)
     min_tp = cost_model.min_rollout_tp() if cost_model else 1
@@ -124,7 +128,7 @@ def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | No
                          f"lower trainer_frac={trainer_frac} or add ranks")
     if spec.heterogeneous:
         buckets = buckets or RouterConfig().buckets()
-        rollout = _heterogeneous_tp(r, buckets, min_tp)
+        rollout = _heterogeneous_tp(r, buckets, min_tp, allowed_tp)
     else:
         buckets = (Bucket(name=(buckets or RouterConfig().buckets())[0].name, max_tokens=None),)
         rollout = tuple((buckets[0].name, min_tp) for _ in range(r // min_tp))
