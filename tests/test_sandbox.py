@@ -15,7 +15,7 @@ from envs.sandbox import Sandbox, SandboxConfig, SandboxResult
 PY = sys.executable
 # The rlimits fallback runs as uid 65534 when we are root: it needs an interpreter outside /root.
 PY_PUBLIC = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
-TIMEOUT_S = 1.5
+TIMEOUT_S = 1.0
 CFG = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=2, memory_mb=256, max_procs=32, max_file_mb=8, max_output_bytes=4096)
 
 

@@ -1,0 +1,55 @@
+"""500 sandboxed `run_tests`-like calls leave processes, open files and temp disk at baseline."""
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from envs.sandbox import Sandbox, SandboxConfig
+
+NUM_CALLS = 500
+NUM_THREADS = 4  # the loop also exercises concurrent callers; 2 cores make 4 threads ~2x faster
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_many_calls_leave_no_residue():
+    root = Path(tempfile.mkdtemp(prefix="libra-loop-"))
+    os.chmod(root, 0o755)
+    try:
+        sb = Sandbox(SandboxConfig(timeout_s=5, memory_mb=128, max_concurrent=NUM_THREADS, root_dir=str(root)))
+        base_fds = _open_fds()
+        failures: list[str] = []
+
+        def worker(n: int) -> None:
+            for _ in range(n):
+                with sb.workdir("loop") as w:
+                    (w / "test_x.py").write_text("ok\n")
+                    sb.own(w)
+                    r = sb.run(["sh", "-c", "cat test_x.py > out.txt && cat out.txt"], cwd=w)
+                    if (r.status, r.stdout) != ("success", "ok\n"):
+                        failures.append(repr(r))
+
+        threads = [threading.Thread(target=worker, args=(NUM_CALLS // NUM_THREADS,)) for _ in range(NUM_THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        assert _children() == []
+        assert _open_fds() == base_fds
+        assert os.listdir(root / "libra-sandbox") == []
+    finally:
+        shutil.rmtree(root)
+
