@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -55,18 +56,23 @@ class Mailbox:
         self.store = store
         self.rank = rank
         self.ns = namespace
+        self._lock = threading.Lock()  # tool threads send while the main loop polls
 
     def _queue(self, rank: int) -> str:
         return f"{self.ns}/mb/{rank}"
 
     def send(self, dst: int, msg: Any) -> None:
-        self.store.queue_push(self._queue(dst), pickle.dumps((self.rank, msg), protocol=pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps((self.rank, msg), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.store.queue_push(self._queue(dst), data)
 
     def poll(self, max_messages: int = 1 << 30) -> list[tuple[int, Any]]:
         """Every message waiting for this rank, oldest first, without blocking."""
         key = self._queue(self.rank)
-        n = min(self.store.queue_len(key), max_messages)
-        return [pickle.loads(self.store.queue_pop(key, False)) for _ in range(n)]
+        with self._lock:
+            n = min(self.store.queue_len(key), max_messages)
+            raw = [self.store.queue_pop(key, False) for _ in range(n)]
+        return [pickle.loads(r) for r in raw]
 
     def recv(self, *, timeout_s: float, expect_from: str = "any rank") -> tuple[int, Any]:
         """Block until one message arrives; TimeoutError says what was awaited."""
@@ -74,19 +80,28 @@ class Mailbox:
         wait = 0.0005
         key = self._queue(self.rank)
         while True:
-            if self.store.queue_len(key):
-                return pickle.loads(self.store.queue_pop(key, False))
+            with self._lock:
+                raw = self.store.queue_pop(key, False) if self.store.queue_len(key) else None
+            if raw is not None:
+                return pickle.loads(raw)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {self.rank}: no message from {expect_from} within {timeout_s:.0f} s")
             time.sleep(wait)
             wait = min(wait * 2, 0.01)
 
     # ---- heartbeats ------------------------------------------------------------------------
-    def beat(self) -> None:
-        self.store.set(f"{self.ns}/hb/{self.rank}", repr(time.time()))
+    def beat(self, role: str = "") -> None:
+        with self._lock:
+            self.store.set(f"{self.ns}/hb/{self.rank}", f"{time.time()!r} {role}")
 
     def last_beat(self, rank: int) -> float | None:
+        beat = self.last_beat_and_role(rank)
+        return None if beat is None else beat[0]
+
+    def last_beat_and_role(self, rank: int) -> tuple[float, str] | None:
         key = f"{self.ns}/hb/{rank}"
-        if not self.store.check([key]):
-            return None
-        return float(self.store.get(key).decode())
+        with self._lock:
+            if not self.store.check([key]):
+                return None
+            stamp, _, role = self.store.get(key).decode().partition(" ")
+        return float(stamp), role

@@ -90,6 +90,8 @@ def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q
     if os.getppid() == 1:  # the launcher died before we got here
         os._exit(1)
     torch.set_num_threads(max(1, threads))
+    logging.basicConfig(level=os.environ.get("LIBRA_LOG", "INFO"), format=f"%(asctime)s [rank {rank}] %(message)s",
+                        datefmt="%H:%M:%S", force=True)
     status, payload = "ok", None
     try:
         store = connect_store("127.0.0.1", port, timeout_s)
@@ -131,13 +133,13 @@ def spawn(
             )
             p.start()
             procs.append(p)
-        return _wait(procs, out_q)
+        return _wait(procs, out_q, Mailbox(store, -1))
     finally:
         _kill_all(procs)
         del store
 
 
-def _wait(procs, out_q) -> list[Any]:
+def _wait(procs, out_q, observer: Mailbox) -> list[Any]:
     results: dict[int, Any] = {}
     while len(results) < len(procs):
         ready = mp.connection.wait([out_q._reader] + [p.sentinel for p in procs], timeout=1.0)
@@ -152,7 +154,9 @@ def _wait(procs, out_q) -> list[Any]:
                 time.sleep(0.2)  # its error report may still be in the pipe
                 if not out_q.empty():
                     break
-                raise WorkerFailed(rank, "unknown", f"exited with code {p.exitcode} without a report (killed?)")
+                beat = observer.last_beat_and_role(rank)  # the role it last announced
+                role = beat[1] if beat and beat[1] else "unknown role"
+                raise WorkerFailed(rank, role, f"exited with code {p.exitcode} without a report (killed?)")
     return [results[r] for r in range(len(procs))]
 
 

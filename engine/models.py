@@ -174,6 +174,42 @@ def load_policy(spec: str, *, device="cpu", dtype=torch.float32, seed: int = 0):
     )
 
 
+def _resolve_dir(spec: str) -> Path:
+    if spec == "smollm2":
+        return smollm2_dir()
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise ValueError(
+        f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
+        "there is no model hub here: download the checkpoint elsewhere and pass its local path"
+    )
+
+
+def load_config(spec: str):
+    """The model's HF config without loading weights (placement needs heads and widths)."""
+    if spec == "tiny":
+        return build_tiny(0)[0].config
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(_resolve_dir(spec))
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer alone (the coordinator renders prompts and decodes samples)."""
+    if spec == "tiny":
+        return _tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_resolve_dir(spec))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if spec == "smollm2":
+        tokenizer.libra_template = "hermes"
+    return tokenizer
+
+
 def model_arch_name(spec: str) -> str:
     """Cost-model key: "tiny", "smollm2-135m", or the local directory's name lower-cased."""
     if spec in ("tiny", "smollm2"):

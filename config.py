@@ -1,0 +1,270 @@
+"""One config for a Libra run: frozen per-subsystem dataclasses, CLI flags generated from them.
+
+`LibraConfig` composes the sub-configs; each subsystem gets only its own section (the router
+never sees the trainer's learning rate). Sections owned by other packages (rollout, trainer,
+router, planner) are defined next to their code and imported here.
+
+CLI: the run section's fields are top-level flags (`--bench swe --steps 5`); every other field is
+`--SECTION.FIELD` (`--rollout.max-turns 6`, `--router.tree.window 300`); tuples are given
+comma-separated. Flags override the preset chosen for the bench and device (`preset_for`), so
+defaults stay sane on a 2-core CPU and on an 8-GPU node.
+
+Invariants (tests/test_config.py): every field has a flag; parsing the flags of a config's
+`to_flat()` reproduces it; bad values raise ValueError naming the flag and the fix; the resolved
+config round-trips through config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.rollout_types import RolloutConfig
+from scheduler.planner import PlannerConfig
+from scheduler.routers import RouterConfig, cpu_router_config
+from scheduler.systems import SYSTEMS
+from engine.trainer import TrainerConfig
+
+BENCHES = ("swe", "search", "math", "toy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    bench: str = "swe"  # workload: swe | search | math | toy
+    system: str = "libra"  # system to run (see --help epilog): libra, colocate, static, ...
+    model: str = "smollm2"  # smollm2 (packaged SmolLM2-135M) | tiny (random, tests) | a local HF model dir
+    device: str = "auto"  # auto | cpu | cuda | npu
+    nproc: int = 0  # worker ranks; 0 = one per GPU/NPU, or 4 on CPU
+    steps: int = 4  # training steps (policy updates)
+    seed: int = 0  # seeds tasks, sampling and model init
+    out: str = ""  # run directory; empty = runs/<bench>-<system>-<time>
+    num_tasks: int = 0  # tasks to draw from the bench; 0 = all
+    level: int = -1  # bench difficulty level to keep (-1 = all levels)
+    data: str = ""  # local parquet/jsonl in the verl row schema instead of the generated tasks
+    sim: bool = False  # run the cluster simulator instead of real ranks
+    compare: bool = False  # run every system on the same tasks and seed, write compare.json/png
+    plan_only: bool = False  # print the placement (ranks, roles, buckets, devices) and exit
+    resume: str = ""  # run directory to resume from its newest complete checkpoint
+
+    def __post_init__(self):
+        if self.bench not in BENCHES:
+            raise ValueError(f"--bench {self.bench!r} is not one of {BENCHES}")
+        if self.system not in SYSTEMS:
+            raise ValueError(f"--system {self.system!r} is not one of {sorted(SYSTEMS)}")
+        if self.device not in ("auto", "cpu", "cuda", "npu"):
+            raise ValueError(f"--device {self.device!r} is not one of auto, cpu, cuda, npu")
+        if self.nproc < 0 or self.nproc == 1:
+            raise ValueError(f"--nproc {self.nproc}: Libra needs >= 2 worker ranks (one trainer, one rollout); pass 2 or more, or 0 for the default")
+        if self.steps < 1:
+            raise ValueError(f"--steps {self.steps} must be >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"--num-tasks {self.num_tasks} must be >= 0 (0 = all tasks)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    start_method: str = "forkserver"  # forkserver (fast, preloads torch) | spawn
+    threads_per_rank: int = 1  # torch intra-op threads per rank (ranks share the cores)
+    timeout_s: float = 120.0  # rendezvous, group creation and collective timeout
+    rank_timeout_s: float = 600.0  # a rank silent (no heartbeat) this long is declared hung
+
+    def __post_init__(self):
+        if self.start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"--launch.start-method {self.start_method!r} must be forkserver or spawn (fork deadlocks after torch used OpenMP)")
+        if self.threads_per_rank < 1:
+            raise ValueError(f"--launch.threads-per-rank {self.threads_per_rank} must be >= 1")
+        if self.timeout_s <= 0 or self.rank_timeout_s <= 0:
+            raise ValueError(f"--launch timeouts ({self.timeout_s}, {self.rank_timeout_s}) must be > 0 seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncConfig:
+    bucket_size_mb: float = 64.0  # weight-transfer bucket size (one broadcast per bucket)
+
+    def __post_init__(self):
+        if self.bucket_size_mb <= 0:
+            raise ValueError(f"--sync.bucket-size-mb {self.bucket_size_mb} must be > 0; 32-256 suits most links")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepConfig:
+    prompts_per_step: int = 4  # distinct tasks per training step
+    samples_per_prompt: int = 4  # GRPO group size n
+    max_staleness: int = 1  # trajectories at most this many policy versions old are trained on
+    checkpoint_every: int = 0  # steps between checkpoints (0 = only at the end)
+    trajectories_logged_per_step: int = 2  # sample of trajectories written to trajectories_sample.jsonl
+
+    def __post_init__(self):
+        if self.prompts_per_step < 1 or self.samples_per_prompt < 2:
+            raise ValueError(
+                f"--step.prompts-per-step {self.prompts_per_step} must be >= 1 and --step.samples-per-prompt "
+                f"{self.samples_per_prompt} >= 2 (GRPO compares samples within a group)"
+            )
+        if self.max_staleness < 0 or self.checkpoint_every < 0:
+            raise ValueError(f"--step.max-staleness {self.max_staleness} and --step.checkpoint-every {self.checkpoint_every} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LibraConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    step: StepConfig = field(default_factory=StepConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+
+# ---- presets -------------------------------------------------------------------------------
+def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
+    """Defaults that suit the device: short CPU runs with small limits, paper-like on GPUs."""
+    if device_kind == "cpu":
+        return LibraConfig(
+            run=run,
+            step=StepConfig(prompts_per_step=4, samples_per_prompt=4),
+            rollout=RolloutConfig(max_new_tokens_per_turn=96, max_turns=4, max_total_tokens=2048, max_batch=32,
+                                  temperature=1.0, tool_timeout_s=20.0),
+            trainer=TrainerConfig(lr=1e-5 if run.model != "tiny" else 1e-3, micro_batch_tokens=4096),
+            router=cpu_router_config(),
+        )
+    return LibraConfig(
+        run=run,
+        step=StepConfig(prompts_per_step=16, samples_per_prompt=8),
+        rollout=RolloutConfig(max_new_tokens_per_turn=1024, max_turns=16, max_total_tokens=16384, max_batch=128),
+        trainer=TrainerConfig(lr=1e-6, micro_batch_tokens=16384),
+    )
+
+
+# ---- CLI generation ------------------------------------------------------------------------
+def _flag(path: str) -> str:
+    return "--" + path.replace("_", "-")
+
+
+def _fields(cls, prefix: str):
+    """(dotted path, field, resolved type) for every leaf field, nested dataclasses flattened."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            yield from _fields(tp, path + ".")
+        else:
+            yield path, f, tp
+
+
+def _parser_for(tp):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        base = _parser_for(inner[0])
+        return lambda s: None if s.lower() in ("none", "null") else base(s)
+    if origin is tuple:
+        item = _parser_for(args[0])
+        return lambda s: tuple(item(x) for x in s.split(",") if x != "")
+    if tp is bool:
+        def parse_bool(s: str) -> bool:
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise argparse.ArgumentTypeError(f"{s!r} is not a boolean; use true or false")
+        return parse_bool
+    return tp
+
+
+def _help_of(cls, name: str) -> str:
+    """The field's one-line comment, read from the source (the comment is the documentation)."""
+    import inspect
+
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""
+    for line in src.splitlines():
+        s = line.strip()
+        if s.startswith(f"{name}:") and "#" in s:
+            return s.split("#", 1)[1].strip()
+    return ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="libra.py",
+        description="Libra: agentic RL post-training with heterogeneous rollout buckets (C-MLFQ) and a global resource planner.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="systems:\n" + "\n".join(f"  {n:18s} {s.description}" for n, s in SYSTEMS.items())
+        + "\n\nexamples:\n  python libra.py --bench swe                      # real run, defaults for this machine"
+        "\n  python libra.py --bench swe --plan-only          # print the placement and exit"
+        "\n  python libra.py --bench swe --sim --compare      # simulate every system at cluster scale"
+        "\n  python libra.py --bench math --model /ckpt/Qwen3-4B --nproc 8 --steps 50",
+        argument_default=argparse.SUPPRESS,
+    )
+    for section in dataclasses.fields(LibraConfig):
+        cls = typing.get_type_hints(LibraConfig)[section.name]
+        group = p.add_argument_group(section.name)
+        for path, f, tp in _fields(cls, ""):
+            flag = _flag(path) if section.name == "run" else _flag(f"{section.name}.{path}")
+            kind = "store_true" if section.name == "run" and tp is bool else None
+            help_text = _help_of(cls, f.name) if "." not in path else ""
+            if kind:
+                group.add_argument(flag, action="store_true", dest=f"{section.name}.{path}", help=help_text)
+            else:
+                group.add_argument(flag, type=_parser_for(tp), dest=f"{section.name}.{path}", metavar=tp.__name__ if isinstance(tp, type) else "V", help=help_text)
+    return p
+
+
+def _replace_path(obj, path: list[str], value):
+    if len(path) == 1:
+        return dataclasses.replace(obj, **{path[0]: value})
+    child = getattr(obj, path[0])
+    return dataclasses.replace(obj, **{path[0]: _replace_path(child, path[1:], value)})
+
+
+def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
+    """Flags -> LibraConfig: run flags first, then the preset for the device, then the rest."""
+    ns = vars(build_parser().parse_args(argv))
+    run_kw = {k.split(".", 1)[1]: v for k, v in ns.items() if k.startswith("run.")}
+    run = RunConfig(**run_kw)
+    kind = device_kind_of(run.device) if device_kind_of else ("cpu" if run.device in ("auto", "cpu") else run.device)
+    cfg = preset_for(run, kind)
+    for key, value in ns.items():
+        if key.startswith("run."):
+            continue
+        try:
+            cfg = _replace_path(cfg, key.split("."), value)
+        except ValueError as exc:
+            raise ValueError(f"{_flag(key)} {value!r}: {exc}") from None
+    return cfg
+
+
+def load_config(path: Path) -> LibraConfig:
+    """Rebuild a config from config.json (for --resume)."""
+    data = json.loads(Path(path).read_text())
+    return _from_dict(LibraConfig, data)
+
+
+def _from_dict(cls, data: dict):
+    hints = typing.get_type_hints(cls)
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        tp, v = hints[f.name], data[f.name]
+        if dataclasses.is_dataclass(tp):
+            v = _from_dict(tp, v)
+        elif typing.get_origin(tp) is tuple or (isinstance(v, list)):
+            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        kw[f.name] = v
+    return cls(**kw)

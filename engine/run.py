@@ -1,0 +1,185 @@
+"""A real run end to end: placement, spawning the coordinator and workers, the summary.
+
+`plan_placement` resolves the device and the first role map (from `scheduler/systems.py`, with
+TP degrees the model can split); `run` writes config.json, spawns world = workers + 1 ranks
+(rank 0 coordinates), and prints the summary. `--resume DIR` restarts from the newest complete
+checkpoint of DIR with its role map and step.
+
+Invariants (tests/test_e2e.py): summary.json and metrics.jsonl follow DESIGN.md; a failing rank
+ends the run non-zero with its rank and role named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import checkpoint
+from engine.devices import DeviceInfo, detect
+from engine.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
+from runlog import RunWriter
+from scheduler.layout import RoleMap
+
+log = logging.getLogger("libra")
+
+
+def _valid_tp(cfg) -> tuple[int, ...]:
+    """TP degrees whose split the model allows (heads, kv heads, MLP width divisible)."""
+    from engine.tp import check_tp_degree
+    from engine.models import load_config
+
+    hf = load_config(cfg.run.model)
+    ok = []
+    for tp in (1, 2, 4, 8):
+        try:
+            check_tp_degree(hf, tp)
+            ok.append(tp)
+        except ValueError:
+            pass
+    return tuple(ok)
+
+
+def cost_model_for(cfg, info: DeviceInfo):
+    from engine.models import model_arch_name
+    from scheduler.costmodel import MODELS, get_cost_model
+
+    arch = model_arch_name(cfg.run.model)
+    hw = {"cpu": "cpu", "npu": "910b3"}.get(info.kind, "h100")
+    return get_cost_model(hw, arch if arch in MODELS else "qwen3-4b")
+
+
+def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
+    info = detect(cfg.run.device)
+    if cfg.run.resume:
+        ckpt = checkpoint.latest(Path(cfg.run.resume))
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {cfg.run.resume}: no complete checkpoint under {cfg.run.resume}/ckpt/")
+        return info, checkpoint.load_state(ckpt)["role_map"]
+    nproc = cfg.run.nproc or info.default_nproc()
+    if info.kind != "cpu" and nproc > info.count:
+        raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
+    from scheduler.systems import initial_role_map
+
+    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.router.buckets(),
+                                allowed_tp=_valid_tp(cfg))
+    return info, role_map
+
+
+def placement_table(role_map: RoleMap, info: DeviceInfo, cfg) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{cfg.run.system} on {cfg.run.bench}: {role_map.describe()}")
+    for col in ("rank", "role", "bucket", "instance", "TP", "device"):
+        table.add_column(col)
+    limits = {b.name: b.max_tokens for b in role_map.buckets}
+    for r in range(role_map.world_size):
+        inst = role_map.instance_of(r)
+        roles = " + ".join(role_map.roles_of(r))
+        bucket = f"{inst.bucket} (<= {limits[inst.bucket]} tok)" if inst and limits[inst.bucket] else (inst.bucket if inst else "-")
+        table.add_row(str(r), roles, bucket, str(inst.instance_id) if inst else "-", str(inst.tp) if inst else "-",
+                      str(info.torch_device(r)))
+    console = Console(record=True, width=110)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get() + "coordinator: an extra CPU process (global rank 0); worker rank r is global rank r + 1\n"
+
+
+@dataclass
+class CoordinatorParts:
+    env: object
+    tasks: list
+    tokenizer: object
+    router: object
+    planner: object
+    spec: object
+
+
+def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -> CoordinatorParts:
+    from engine.models import load_tokenizer
+    from envs.registry import make_env
+    from scheduler.systems import get_system, make_planner, make_router
+
+    env = make_env(cfg.run.bench, seed=cfg.run.seed, num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
+                   level=None if cfg.run.level < 0 else cfg.run.level)
+    tasks = env.tasks()
+    if not tasks:
+        raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
+    router = make_router(cfg.run.system, cfg.router)
+    if resume and resume.get("prefix_tree") and hasattr(router, "load_tree_json"):
+        router.load_tree_json(resume["prefix_tree"])
+    remaining = cfg.run.steps - (resume["step"] if resume else 0)
+    planner_cfg = dataclasses.replace(cfg.planner, bucket_names=cfg.router.bucket_names,
+                                      bucket_max_tokens=cfg.router.bucket_max_tokens, allowed_tp=_valid_tp(cfg))
+    planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
+                           current=role_map)
+    return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
+                            get_system(cfg.run.system))
+
+
+def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: dict | None):
+    """Every process of the job: rank 0 coordinates, the others work."""
+    handoff = resume["dir"] if resume else None
+    if ctx.rank == 0:
+        from engine.coordinator import Coordinator
+
+        ctx.set_role("coordinator")
+        parts = build_parts(cfg, role_map, ctx.device_info, resume)
+        try:
+            return Coordinator(ctx, cfg, role_map, Path(out_dir), parts, resume).run(handoff)
+        finally:
+            parts.env.close()
+    from engine.worker import worker_main
+
+    return worker_main(ctx, cfg, role_map, handoff)
+
+
+def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
+    resume = None
+    if cfg.run.resume:
+        resume = checkpoint.load_state(checkpoint.latest(out_dir))
+        log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume["step"], resume["policy_version"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume['step']}.json"))
+    log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
+             role_map.describe())
+    args = (cfg, role_map, str(out_dir), resume)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        result = run_in_torchrun(rank_main, args, device_info=info, timeout_s=cfg.launch.timeout_s)
+        if int(os.environ["RANK"]) != 0:
+            return 0
+        results = [result]
+    else:
+        try:
+            results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
+                            threads_per_rank=cfg.launch.threads_per_rank, start_method=cfg.launch.start_method,
+                            timeout_s=cfg.launch.timeout_s, preload=PRELOAD)
+        except WorkerFailed as exc:
+            log.error("[libra] %s", exc)
+            return 1
+    summary = results[0]
+    ranks = results[1:]
+    summary["peak_rss_mb"] = max([r["peak_rss_mb"] for r in ranks] + [0.0])
+    summary["peak_rss_mb_total"] = sum(r["peak_rss_mb"] for r in ranks) + resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
+    RunWriter(out_dir).summary(summary)
+    print_summary(summary, out_dir)
+    return 0
+
+
+PRELOAD = ["torch", "torch.distributed", "engine.control", "engine.groups", "engine.weights", "engine.worker",
+           "engine.coordinator", "transformers"]
+
+
+def print_summary(s: dict, out_dir: Path) -> None:
+    print(f"\n== libra summary ({s['system']} on {s['bench']}, {s['mode']}, model {s.get('model', '?')}) ==")
+    print(f"steps {s['steps']}  wall {s['wall_s']:.1f} s  tokens/s {s['tokens_per_s']:.1f}  trajectories/s {s['trajectories_per_s']:.3f}")
+    print(f"reward first {s['reward_first']}  last {s['reward_last']}  migrations {s['migrations']}  "
+          f"role-map changes {s.get('role_map_changes', 0)}")
+    print(f"trajectories: {s['ledger']}  peak RSS per rank {s['peak_rss_mb']:.0f} MB, whole run {s['peak_rss_mb_total']:.0f} MB")
+    print(f"layout first {s['role_map_first']}  last {s['role_map_last']}")
+    print(f"outputs: {out_dir}/ (summary.json, metrics.jsonl, trajectories_sample.jsonl, trace.json)")

@@ -1,0 +1,64 @@
+"""What a person watching a run sees, and the coordinator's health checks.
+
+One dense line per step (always logged; CI and pipes get exactly that). On a terminal the same
+figures also render as a `rich` table row, with a live status line under it showing the
+rollout queues. Heartbeats are checked here: a worker silent longer than `rank_timeout_s` is
+reported by rank and last announced role, and the run stops (the launcher tears it down).
+
+Invariants (tests/test_e2e.py): the per-step line carries step, reward, tokens/s, migrations
+and the layout; a stale heartbeat raises RuntimeError naming the rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+log = logging.getLogger("libra")
+
+
+class StepView:
+    def __init__(self, cfg, writer):
+        self.cfg = cfg
+        self.writer = writer
+        self.reconfiguring = False
+        self.role_changes = 0
+        self._last_health = time.monotonic()
+        self._console = None
+        if sys.stdout.isatty():
+            from rich.console import Console
+
+            self._console = Console()
+
+    def idle_fractions(self, row: dict, role_map) -> dict:
+        """Idle shares of the step: trainer idle outside train_s; rollout idle while its step's batch was ready."""
+        step_s = max(row["step_s"], 1e-9)
+        train_idle = 1.0 - min(1.0, row["train_s"] / step_s)
+        rollout_busy = min(row["rollout_s"], step_s)
+        if role_map.colocated:  # the same ranks: rollout idles while they train and sync
+            rollout_busy = max(0.0, step_s - row["train_s"] - row["sync_s"])
+        return {"idle_frac_rollout": round(1.0 - rollout_busy / step_s, 4), "idle_frac_train": round(train_idle, 4)}
+
+    def step_line(self, row: dict, num_steps: int) -> None:
+        tok_s = row["tokens"] / max(row["step_s"], 1e-9)
+        line = (f"[libra] step {row['step']}/{num_steps} {row['step_s']:.1f}s (rollout {row['rollout_s']:.1f} "
+                f"train {row['train_s']:.1f} sync {row['sync_s']:.2f} reconfig {row['reconfig_s']:.1f}) | "
+                f"reward {row['reward_mean']:.3f} | {row['trajectories']} traj {row['tokens']} tok {tok_s:.0f} tok/s | "
+                f"migrations {row['migrations']} staleness {row['staleness_max']} | {row['role_map_desc']}")
+        if self._console is not None:
+            self._console.print(line, highlight=False, markup=False)
+        else:
+            log.info("%s", line)
+
+    def check_health(self, mailbox, world_size: int, rank_timeout_s: float, now: float) -> None:
+        t = time.monotonic()
+        if t - self._last_health < 2.0:
+            return
+        self._last_health = t
+        wall = time.time()
+        for rank in range(1, world_size):
+            beat = mailbox.last_beat_and_role(rank)
+            if beat is not None and wall - beat[0] > rank_timeout_s:
+                raise RuntimeError(f"rank {rank} ({beat[1]}) sent no heartbeat for {wall - beat[0]:.0f} s "
+                                   f"(limit {rank_timeout_s:.0f} s) at t={now:.0f}s; it is hung")

@@ -1,0 +1,361 @@
+"""A worker rank: runs whatever roles the current role map gives it, as the coordinator says.
+
+Loop of a worker (global rank >= 1):
+  1. poll its mailbox; commands: `add`/`export`/`cancel` (rollout leader), `env_result` (a tool
+     or score reply for one of its trajectories), and the collective ones that every concerned
+     rank receives: `train`, `sync`, `save`, `role_map`, `stop`;
+  2. if it leads a rollout instance: one `RolloutEngine.step()`, events sent to the coordinator;
+  3. heartbeat (wall time + role) on the store.
+Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
+step (the followers replay its KV ops) or "mailbox" before a collective command, so every rank
+of the instance enters the same collective at the same time.
+
+Episodes (tool state, sandboxes, work dirs) live in the coordinator, so a trajectory can move to
+another instance without moving any files: the engine gets a `RemoteEpisode` whose `execute` and
+`score` are calls to the coordinator, answered through the mailbox (they block only the tool
+thread that made them, never the decode loop).
+
+Role changes (`role_map`): every rank applies the map through `GroupManager` (same order
+everywhere). A trainer whose group changed rebuilds its FSDP trainer from the hand-off state the
+old trainers saved; a rollout instance whose ranks changed starts a new engine (its requests were
+exported before the change) and gets the current weights at the next `sync`.
+
+Invariants (tests/test_e2e.py): every `add` ends in exactly one `Finished`, `exported` or cancel;
+a rank only enters a collective the coordinator announced to every member.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from engine.groups import GroupManager, Groups
+from engine.launch import RankContext
+from engine.trajectory import Trajectory
+from engine.weights import WeightReceiver, WeightSender, manifest
+
+log = logging.getLogger(__name__)
+
+COORD = 0
+
+
+class ToolLink:
+    """Blocking env calls from tool threads, answered by the coordinator through the mailbox."""
+
+    def __init__(self, mailbox, timeout_s: float):
+        self.mailbox = mailbox
+        self.timeout_s = timeout_s
+        self._ids = itertools.count()
+        self._waiting: dict[int, cf.Future] = {}
+        self._lock = threading.Lock()
+
+    def call(self, request_id: str, op: str, arg):
+        fut: cf.Future = cf.Future()
+        with self._lock:
+            call_id = next(self._ids)
+            self._waiting[call_id] = fut
+        self.mailbox.send(COORD, ("env", call_id, request_id, op, arg))
+        try:
+            ok, value = fut.result(timeout=self.timeout_s)
+        except cf.TimeoutError:
+            from envs.base import ToolInfraError
+
+            raise ToolInfraError(f"{request_id}: the coordinator did not answer {op} within {self.timeout_s:.0f} s") from None
+        finally:
+            with self._lock:
+                self._waiting.pop(call_id, None)
+        if not ok:
+            raise value
+        return value
+
+    def fail_all(self, why: str) -> None:
+        from envs.base import ToolInfraError
+
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for fut in waiting:
+            fut.set_result((False, ToolInfraError(why)))
+
+    def resolve(self, call_id: int, ok: bool, value) -> None:
+        with self._lock:
+            fut = self._waiting.get(call_id)
+        if fut is not None:  # None: the caller gave up (timeout) already
+            fut.set_result((ok, value))
+
+
+class RemoteEpisode:
+    def __init__(self, link: ToolLink, request_id: str):
+        self.link, self.request_id = link, request_id
+
+    def execute(self, call):
+        return self.link.call(self.request_id, "execute", call)
+
+    def score(self, final_text: str) -> float:
+        return self.link.call(self.request_id, "score", final_text)
+
+    def close(self) -> None:
+        self.link.mailbox.send(COORD, ("env", -1, self.request_id, "close", None))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Worker:
+    def __init__(self, ctx: RankContext, cfg, device: torch.device):
+        self.ctx, self.cfg, self.device = ctx, cfg, device
+        self.idx = ctx.rank - 1  # worker index in role maps
+        self.mailbox = ctx.mailbox
+        self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=1,
+                                       timeout_s=cfg.launch.timeout_s)
+        self.groups: Groups | None = None
+        self.link = ToolLink(self.mailbox, cfg.rollout.tool_timeout_s + 120.0)
+        self.engine = None
+        self.instance = None
+        self.trainer = None
+        self.trainer_ranks: tuple[int, ...] = ()
+        self.receiver: WeightReceiver | None = None
+        self.specs = None
+        self.version = 0
+        self._last_beat = 0.0
+        self.stats = {"engine_steps": 0, "busy_s": 0.0}
+
+    # ---- roles ----------------------------------------------------------------------------------
+    def role(self) -> str:
+        parts = []
+        if self.trainer is not None:
+            parts.append(f"trainer:{self.idx}")
+        if self.instance is not None:
+            i = self.instance
+            parts.append(f"rollout:{self.idx} (instance {i.instance_id}, {i.bucket} TP{i.tp})")
+        return " + ".join(parts) or f"idle:{self.idx}"
+
+    def _load_model(self):
+        from engine.models import load_policy
+
+        return load_policy(self.cfg.run.model, device=self.device, seed=self.cfg.run.seed)
+
+    def apply_role_map(self, role_map, handoff: str | None) -> None:
+        self.groups = self.groups_mgr.apply(role_map)
+        self._setup_trainer(role_map, handoff)
+        self._setup_rollout(role_map)
+        self.ctx.set_role(self.role())
+        self.mailbox.beat(self.role())
+
+    def _setup_trainer(self, role_map, handoff: str | None) -> None:
+        if self.idx not in role_map.trainer_ranks:
+            self.trainer, self.trainer_ranks = None, ()
+            return
+        if self.trainer is not None and self.trainer_ranks == role_map.trainer_ranks:
+            return  # same group: keep the live trainer (and its optimizer state)
+        from engine.trainer import Trainer
+
+        model, _ = self._load_model()
+        group = self.groups.trainer if len(role_map.trainer_ranks) > 1 else None
+        self.trainer = Trainer(model, self.cfg.trainer, group=group, device=self.device, policy_version=self.version)
+        self.trainer_ranks = role_map.trainer_ranks
+        if handoff:
+            state = torch.load(Path(handoff) / "trainer.pt", map_location=self.device, weights_only=False)
+            self.trainer.load_state_dict(state)
+
+    def _setup_rollout(self, role_map) -> None:
+        inst = role_map.instance_of(self.idx)
+        if inst is None:
+            self._close_engine()
+            return
+        if self.engine is not None and self.instance is not None and self.instance.ranks == inst.ranks:
+            self.instance = inst
+            self.engine.instance_id = inst.instance_id
+            return
+        self._close_engine()
+        from engine.rollout import RolloutEngine
+
+        model, tokenizer = self._load_model()
+        self.specs = manifest(model.state_dict())
+        tp_group = self.groups.tp.get(inst.instance_id)
+        if tp_group is not None:
+            from engine.tp import parallelize
+
+            model = parallelize(model, tp_group, device_type=self.device.type)
+        self.engine = RolloutEngine(model, tokenizer, self.cfg.rollout, device=self.device, policy_version=self.version,
+                                    tp_group=tp_group, instance_id=inst.instance_id)
+        self.instance = inst
+
+    def _close_engine(self) -> None:
+        if self.engine is not None:
+            assert self.engine.idle, f"rank {self.idx}: rollout engine closed with requests in flight"
+            self.engine.close()
+        self.engine, self.instance = None, None
+
+    @property
+    def tp_leader(self) -> bool:
+        return self.instance is not None and self.instance.ranks[0] == self.idx
+
+    @property
+    def tp_follower(self) -> bool:
+        return self.instance is not None and self.instance.ranks[0] != self.idx
+
+    def _tick(self, what: str | None) -> str:
+        """Leader -> followers of this TP instance: what every rank does next."""
+        group = self.groups.tp.get(self.instance.instance_id)
+        if group is None:
+            return what
+        box = [what]
+        dist.broadcast_object_list(box, src=self.instance.ranks[0] + 1, group=group)
+        return box[0]
+
+    # ---- main loop --------------------------------------------------------------------------------
+    def run(self, role_map, handoff: str | None) -> dict:
+        self.apply_role_map(role_map, handoff)
+        self.mailbox.send(COORD, ("ready", self.idx, self.role()))
+        while True:
+            if self.tp_follower:
+                tick = self._tick(None)
+                if tick == "step":
+                    self.engine.step()
+                    continue
+                _, msg = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
+                if self._collective(msg):
+                    break
+                continue
+            if self._serve_messages():
+                break
+            self._rollout_step()
+            self._beat()
+        return {"rank": self.ctx.rank, "peak_rss_mb": peak_rss_mb(), **self.stats}
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat > 0.5:
+            self._last_beat = now
+            self.mailbox.beat(self.role())
+
+    def _rollout_step(self) -> None:
+        if self.engine is None or not self.tp_leader:
+            time.sleep(0.002)
+            return
+        if self.engine.idle:
+            self._tick("step")  # followers keep replaying even while idle
+            self.engine.step()
+            time.sleep(0.002)
+            return
+        t0 = time.perf_counter()
+        self._tick("step")
+        events = self.engine.step()
+        self.stats["engine_steps"] += 1
+        if self.engine.num_running:
+            self.stats["busy_s"] += time.perf_counter() - t0
+        else:
+            time.sleep(0.001)  # only tools in flight: let their threads run
+        if events:
+            self.mailbox.send(COORD, ("events", self.instance.instance_id, events))
+
+    def _serve_messages(self) -> bool:
+        for _, msg in self.mailbox.poll():
+            kind = msg[0]
+            if kind == "env_result":
+                self.link.resolve(msg[1], msg[2], msg[3])
+            elif kind == "add":
+                self._add(msg[1])
+            elif kind == "export":
+                self._export(msg[1])
+            elif kind == "cancel":
+                if msg[1] in self.engine.seqs:
+                    self.engine.cancel(msg[1])
+            else:
+                if self.tp_leader:
+                    self._tick("mailbox")
+                if self._collective(msg):
+                    return True
+        return False
+
+    def _add(self, spec: dict) -> None:
+        from engine.rollout_types import RolloutRequest
+
+        rid = spec["request_id"]
+        self.engine.add(RolloutRequest(request_id=rid, task=spec["task"], episode=RemoteEpisode(self.link, rid),
+                                       prompt_ids=spec["prompt_ids"], group_id=spec["group_id"], state=spec.get("state")))
+
+    def _export(self, rid: str) -> None:
+        try:
+            state = self.engine.export(rid)
+        except (KeyError, ValueError) as exc:  # finished meanwhile, or waiting on a tool
+            self.mailbox.send(COORD, ("export_failed", rid, str(exc)))
+            return
+        self.mailbox.send(COORD, ("exported", rid, state))
+
+    # ---- collective commands ----------------------------------------------------------------------
+    def _collective(self, msg) -> bool:
+        kind = msg[0]
+        if kind == "train":
+            self._train(*msg[1:])
+        elif kind == "sync":
+            self._sync(msg[1])
+        elif kind == "save":
+            self._save(msg[1])
+        elif kind == "role_map":
+            self.apply_role_map(msg[1], msg[2])
+            self.mailbox.send(COORD, ("ready", self.idx, self.role()))
+        elif kind == "stop":
+            self.link.fail_all("the run is stopping")
+            if self.engine is not None:
+                self.engine.close()
+            self.groups_mgr.destroy()
+            return True
+        else:
+            raise RuntimeError(f"rank {self.idx}: unknown command {kind!r} from the coordinator")
+        return False
+
+    def _train(self, step: int, trajectories: list[Trajectory], policy_version: int) -> None:
+        t0 = time.perf_counter()
+        metrics = self.trainer.train_step(trajectories, policy_version)
+        if self.idx == self.trainer_ranks[0]:
+            metrics["train/wall_s"] = time.perf_counter() - t0
+            self.mailbox.send(COORD, ("trained", step, metrics))
+
+    def _sync(self, version: int) -> None:
+        """New weights to every rollout rank: local reload when colocated, else a broadcast."""
+        t0 = time.perf_counter()
+        rm = self.groups.role_map
+        named = self.trainer.full_state_dict() if self.trainer is not None else None
+        if rm.colocated:
+            self.engine.set_weights(named, version)
+        elif self.idx == rm.trainer_ranks[0] and self.groups.sync is not None:
+            WeightSender(self.groups.sync, self.groups.sync_src, bucket_size_mb=self.cfg.sync.bucket_size_mb,
+                         device=self.device).send(named, version)
+        elif self.engine is not None:
+            receiver = WeightReceiver(self.groups.sync, self.groups.sync_src, self.specs,
+                                      bucket_size_mb=self.cfg.sync.bucket_size_mb, device=self.device)
+            receiver.recv()
+            got_version, tensors = receiver.weights.read()
+            self.engine.set_weights(tensors, got_version)
+        self.version = version
+        if self.tp_leader or (self.trainer is not None and self.idx == rm.trainer_ranks[0]):
+            self.mailbox.send(COORD, ("synced", self.idx, version, time.perf_counter() - t0))
+
+    def _save(self, path: str) -> None:
+        state = self.trainer.state_dict()  # collective over the trainer group
+        if self.idx == self.trainer_ranks[0]:
+            target = Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            tmp = target / f"trainer.pt.tmp{os.getpid()}"
+            torch.save(state, tmp)
+            tmp.replace(target / "trainer.pt")
+            self.mailbox.send(COORD, ("saved", path))
+
+
+def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None) -> dict:
+    from engine.devices import set_rank_device
+
+    device = set_rank_device(ctx.device_info, ctx.local_rank - 1 if ctx.local_rank else 0, threads=cfg.launch.threads_per_rank)
+    ctx.set_role(f"worker:{ctx.rank - 1}")
+    return Worker(ctx, cfg, device).run(role_map, handoff)

@@ -1,0 +1,73 @@
+"""Libra command line: parse config -> plan placement -> spawn ranks -> run -> tear down.
+
+    python libra.py --bench swe                    # a real run with the defaults for this machine
+    python libra.py --bench swe --plan-only        # print the placement and exit
+    python libra.py --bench swe --sim --compare    # the simulator, every system, cluster scale
+    python libra.py --help                         # every flag, generated from config.py
+
+Under torchrun (`torchrun --nproc-per-node 9 libra.py ...`) global rank 0 is the coordinator
+and the others are workers, exactly as with our own launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("libra")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("LIBRA_LOG", "INFO"), format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+
+def _run_dir(cfg) -> Path:
+    if cfg.run.resume:
+        return Path(cfg.run.resume)
+    if cfg.run.out:
+        return Path(cfg.run.out)
+    kind = "sim-" if cfg.run.sim else ""
+    what = "compare" if cfg.run.compare else cfg.run.system
+    return Path("runs") / f"{cfg.run.bench}-{kind}{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    _setup_logging()
+    from config import parse_args
+
+    try:
+        cfg = parse_args(argv, device_kind_of=_device_kind)
+        if cfg.run.sim:
+            return _simulate(cfg)
+        from engine.run import plan_placement, placement_table, run
+
+        info, role_map = plan_placement(cfg)
+        if cfg.run.plan_only:
+            print(placement_table(role_map, info, cfg))
+            return 0
+        return run(cfg, info, role_map, _run_dir(cfg))
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        log.error("libra: %s", exc)
+        return 2 if isinstance(exc, ValueError) else 1
+    except KeyboardInterrupt:
+        log.error("libra: interrupted; every rank was torn down")
+        return 130
+
+
+def _device_kind(requested: str) -> str:
+    from engine.devices import detect
+
+    return detect(requested).kind
+
+
+def _simulate(cfg) -> int:
+    from sim.run import run_from_libra_config
+
+    return run_from_libra_config(cfg, _run_dir(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
