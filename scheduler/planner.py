@@ -141,6 +141,8 @@ class GlobalPlanner:
         self.rollout_scale = self.train_scale = 1.0
         self._history: list[StepStats] = []
         self._tables: dict = {}  # (demand, tp) -> T(k), rebuilt per search
+        self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
+        self._sorted: tuple[list[int], list[int]] = ([], [])
         self._steps_since_plan = 0
         self._min_tp = cost_model.min_rollout_tp() if self.cfg.check_memory else 1
         self._min_train = cost_model.min_train_devices() if self.cfg.check_memory else 1
@@ -190,15 +192,17 @@ class GlobalPlanner:
     # ---- model -----------------------------------------------------------------------------
     def _demands(self, wl: Workload, active: tuple[int, ...]) -> list[_Demand]:
         """Per active bucket: the share of one step's trajectories the routers would send there."""
+        if self._sorted_for is not wl:  # sort once per workload; each call is then O(buckets log n)
+            lens = sorted(wl.trajectory_tokens)
+            self._sorted_for, self._sorted = wl, (lens, [0, *itertools.accumulate(lens)])
+        lens, prefix = self._sorted
         limits = [b.max_tokens for b in self.cfg.buckets()]
-        eff = [limits[a] for a in active[:-1]] + [None]
-        groups: list[list[int]] = [[] for _ in active]
-        for t in wl.trajectory_tokens:
-            i = next(j for j, lim in enumerate(eff) if lim is None or t <= lim)
-            groups[i].append(t)
-        scale = wl.num_trajectories / len(wl.trajectory_tokens)
-        return [_Demand(n=len(g) * scale, tokens=sum(g) * scale, longest=max(g) if g else 0,
-                        reprefill=eff[i - 1] if i > 0 else 0) for i, g in enumerate(groups)]
+        eff = [limits[a] for a in active[:-1]]
+        cuts = [0, *(bisect.bisect_right(lens, lim) for lim in eff), len(lens)]
+        scale = wl.num_trajectories / len(lens)
+        return [_Demand(n=(hi - lo) * scale, tokens=(prefix[hi] - prefix[lo]) * scale,
+                        longest=lens[hi - 1] if hi > lo else 0, reprefill=eff[i - 1] if i > 0 else 0)
+                for i, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
 
     def _bucket_s(self, d: _Demand, tp_counts: dict[int, int], tool_s_per_token: float) -> float:
         if d.n <= 0:

@@ -56,14 +56,24 @@ def _stats(step: int, d, lens, train_tokens, noise=1.0) -> StepStats:
                      trajectory_tokens=lens, train_tokens=int(train_tokens), role_map=d.role_map)
 
 
-def test_no_flip_flop_on_stationary_input():
-    lens = _lengths(2, 128, 1500, 1.3, 20000)
-    p = GlobalPlanner(PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0)), GPU, 24, 1000)
-    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=2e6))
+def _num_plan_changes(min_gain_ratio: float) -> int:
+    """A throughput-bound, balanced workload whose measured times wobble by +-4% around the prediction."""
+    lens = tuple(1000 + (i * 37) % 1000 for i in range(2048))
+    cfg = PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0), min_gain_ratio=min_gain_ratio)
+    p = GlobalPlanner(cfg, GPU, 64, 10**6)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=2048, train_tokens=3e6))
+    changes = 0
     for step in range(12):
-        noise = 1.03 if step % 2 else 0.97  # measured times wobble by +-3%
-        assert p.on_step_end(_stats(step, first, lens, 2e6, noise), float(step)) is None
-    assert p.current == first.role_map
+        noise = 1.04 if step % 2 else 0.96
+        stats = StepStats(step=step, rollout_s=first.details["rollout_s"] * noise, train_s=first.details["train_s"] / noise,
+                          trajectory_tokens=lens, train_tokens=int(3e6), role_map=p.current)
+        changes += p.on_step_end(stats, float(step)) is not None
+    return changes
+
+
+def test_no_flip_flop_on_stationary_input():
+    assert _num_plan_changes(min_gain_ratio=0.0) >= 4  # without hysteresis the noise flips the plan back and forth
+    assert _num_plan_changes(min_gain_ratio=0.05) == 0
 
 
 def test_workload_shift_replans_once_then_settles():
