@@ -49,7 +49,7 @@ class SimInstance:
     __slots__ = (
         "instance_id", "tp", "bucket", "bucket_limit", "capacity", "cost", "queue", "heap", "num_active",
         "ctx_offset", "iter_pos", "stall_s", "last_t", "step_s", "epoch", "busy_dev_s", "active_ids",
-        "kv_capacity_tokens",
+        "kv_capacity_tokens", "num_joins",
     )
 
     def __init__(self, *, instance_id: int, tp: int, bucket: str, bucket_limit: int | None, capacity: int, cost,
@@ -72,6 +72,7 @@ class SimInstance:
         self.step_s = 0.0  # seconds per decode iteration at the current batch
         self.epoch = 0
         self.busy_dev_s = 0.0
+        self.num_joins = 0
 
     # ---- time ---------------------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -111,7 +112,9 @@ class SimInstance:
         self.ctx_offset += req.context - self.iter_pos
         self.num_active += 1
         self.active_ids[id(req)] = req
-        heapq.heappush(self.heap, (req.target_iter, req.gen, id(req), req))
+        self.num_joins += 1
+        # join order breaks ties: id() would make the finish order depend on memory addresses
+        heapq.heappush(self.heap, (req.target_iter, req.gen, self.num_joins, req))
 
     def leave(self, req: SimRequest) -> int:
         """Take `req` out of the batch; returns the tokens it decoded here (integer)."""

@@ -23,7 +23,7 @@ Profiles: `swe` (R2E-Gym: long prompts, many turns, slow test runs), `search` (S
 turns, retrieval payloads, fast tools), `math` (DAPO-Math: few turns of long reasoning).
 
 Invariants (tests/test_sim_workload.py): specs are a pure function of (profile, seed, step,
-index); zero tail gives identical trajectories; the default tails have p99/median in [5, 20].
+prompt); zero tail gives identical trajectories; the default tails have p99/median in [5, 20].
 """
 
 from __future__ import annotations
@@ -161,10 +161,9 @@ class SyntheticWorkload:
             # (length predictors learn per prompt); a prompt's shared difficulty is fixed.
             d = (step * num_prompts + p) % self.num_dataset_prompts
             # int-only tuples: str hashes are salted per process and would break determinism
-            prng = random.Random(hash((self.seed, d, -1)) & 0xFFFFFFFF)
-            z_prompt = prng.gauss(0.0, 1.0)
+            z_prompt = random.Random(hash((self.seed, d, -1)) & 0xFFFFFFFF).gauss(0.0, 1.0)
+            rng = random.Random(hash((self.seed, step, p)) & 0xFFFFFFFF)
             for s in range(samples_per_prompt):
-                rng = random.Random(hash((self.seed, step, p, s)) & 0xFFFFFFFF)
                 out.append(self._one(rng, step, f"d{d}", f"s{step}-p{p}-{s}", z_prompt))
         return out
 

@@ -1,0 +1,154 @@
+"""The event loop with hand-written fakes: exact timings, migrations' re-prefill, bucket-limit
+checks, staleness bound, conservation, determinism."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler.api import Decision, OutcomeState, Route
+from scheduler.layout import Bucket, split_role_map
+from sim.cluster import ClusterSim
+from sim.config import SimConfig
+from sim.workload import TrajSpec
+
+
+class FakeCost:
+    """Constant decode step, prefill linear in tokens, fixed train/sync/reconfig."""
+
+    hw = SimpleNamespace(mem_bytes=1e12)
+    model = SimpleNamespace(weight_bytes=1.0, kv_bytes_per_token=1.0)
+
+    def decode_step_s(self, batch, context_tokens, tp):
+        return 0.01
+
+    def prefill_s(self, num_tokens, tp):
+        return 0.001 * num_tokens
+
+    def train_s(self, num_tokens, num_devices):
+        return 2.0
+
+    def sync_s(self, num_rollout_devices):
+        return 0.5
+
+    def reconfig_s(self, num_moved_devices):
+        return 3.0
+
+
+class FakeWorkload:
+    def __init__(self, specs_per_step):
+        self.specs_per_step = specs_per_step
+
+    def batch(self, step, num_prompts, samples_per_prompt):
+        return [
+            TrajSpec(request_id=f"s{step}-{s.request_id}", prompt_id=s.prompt_id, prompt_tokens=s.prompt_tokens,
+                     turn_tokens=s.turn_tokens, tool_outcomes=s.tool_outcomes, tool_output_tokens=s.tool_output_tokens,
+                     tool_latency_s=s.tool_latency_s)
+            for s in self.specs_per_step
+        ]
+
+
+class FakeRouter:
+    """Admits to instance 0; migrates to instance 1 on a tool return when `migrate` is set."""
+
+    def __init__(self, migrate=False):
+        self.migrate = migrate
+        self.calls = []
+
+    def set_layout(self, role_map, now):
+        self.calls.append(("layout", role_map.version))
+        return {}
+
+    def admit(self, request_id, prompt_id, prompt_tokens, now):
+        self.calls.append(("admit", request_id, now))
+        return Route(instance_id=0, bucket="short")
+
+    def on_tool_return(self, request_id, outcome, tokens_so_far, now):
+        self.calls.append(("tool", request_id, tokens_so_far))
+        if self.migrate:
+            return Decision(action="migrate", instance_id=1, bucket="long")
+        return Decision(action="stay", instance_id=0, bucket="short")
+
+    def on_decode(self, request_id, tokens_so_far, now):
+        self.calls.append(("decode", request_id, tokens_so_far))
+        return Decision(action="stay", instance_id=0, bucket="short")
+
+    def on_finish(self, request_id, total_tokens, now):
+        self.calls.append(("finish", request_id, total_tokens))
+
+    def on_cancel(self, request_id, now):
+        raise AssertionError("the simulator never cancels")
+
+
+def _spec(rid="a", turns=(10, 20), out=(5,), latency=(1.0,), prompt=100):
+    outcomes = tuple(OutcomeState("bash", "small", "success") for _ in out)
+    return TrajSpec(request_id=rid, prompt_id="p0", prompt_tokens=prompt, turn_tokens=turns, tool_outcomes=outcomes,
+                    tool_output_tokens=out, tool_latency_s=latency)
+
+
+def _sim(specs, *, router=None, steps=1, is_async=True, limit=None, max_staleness=1):
+    cfg = SimConfig(num_devices=3, steps=steps, prompts_per_step=1, samples_per_prompt=1, max_staleness=max_staleness)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
+                        buckets=(Bucket(name="short", max_tokens=limit or 10**9), Bucket(name="long", max_tokens=None)))
+    return ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=router or FakeRouter(),
+                      planner=None, role_map=rm, is_async=is_async, ctx_quantum=1, record=True)
+
+
+def test_one_trajectory_exact_timeline():
+    sim = _sim([_spec()])
+    rows = sim.run()
+    # prefill 100 tok (0.1) + 10 iters (0.1) -> tool 1.0 -> prefill 5 tok (0.005) + 20 iters (0.2)
+    # = 1.405 finished; train 2.0 -> 3.405; sync 0.5 -> 3.905
+    assert rows[0]["time_s"] == pytest.approx(3.905)
+    assert rows[0]["batch"]["complete_at"] == pytest.approx(1.405)
+    assert rows[0]["batch"]["tokens"] == [135]
+    assert sim.admitted[0].decode_done == 30
+    assert sim.num_migrations == 0
+
+
+def test_migration_reprefills_the_whole_context_on_the_target():
+    sim = _sim([_spec()], router=FakeRouter(migrate=True))
+    rows = sim.run()
+    # the target prefills 100 + 10 + 5 = 115 tokens (0.115) instead of the 5 tool tokens (0.005)
+    assert rows[0]["batch"]["complete_at"] == pytest.approx(1.515)
+    assert sim.num_migrations == 1
+    assert sim.admitted[0].instances == [0, 1]
+
+
+def test_bucket_limit_triggers_a_decode_check_at_the_limit():
+    router = FakeRouter()
+    sim = _sim([_spec(turns=(100,), out=(), latency=(), prompt=10)], router=router, limit=50)
+    sim.run()
+    assert ("decode", "s0-a", 50) in router.calls
+    assert ("finish", "s0-a", 110) in router.calls
+
+
+def test_every_trajectory_finishes_once_and_tokens_are_conserved():
+    specs = [_spec(rid=str(i), turns=(5 + i, 7 * i + 1, 3), out=(i, 2 * i), latency=(0.1 * i, 0.3)) for i in range(12)]
+    router = FakeRouter()
+    sim = _sim(specs, router=router, steps=3)
+    rows = sim.run()
+    finished = [c[1] for c in router.calls if c[0] == "finish"]
+    assert len(finished) == len(set(finished)) == 36
+    assert sum(sum(r["batch"]["tokens"]) for r in rows) == 3 * sum(s.total_tokens for s in specs)
+    assert all(req.decode_done == req.spec.decode_tokens for req in sim.admitted)
+
+
+@pytest.mark.parametrize("is_async,bound", [(True, 1), (True, 2), (False, 0)])
+def test_staleness_never_exceeds_the_bound(is_async, bound):
+    sim = _sim([_spec(rid=str(i)) for i in range(4)], steps=6, is_async=is_async, max_staleness=bound)
+    rows = sim.run()
+    stale = [r["step"] - r["batch"]["version"] for r in rows]
+    assert max(stale) == bound
+    assert min(stale) == 0
+
+
+def test_synchronous_steps_do_not_overlap():
+    rows = _sim([_spec()], steps=2, is_async=False).run()
+    # each step: 1.405 rollout + 2.0 train + 0.5 sync; the second starts when the first ends
+    assert [r["time_s"] for r in rows] == pytest.approx([3.905, 7.81])
+
+
+def test_same_inputs_same_metrics():
+    a = _sim([_spec(rid=str(i), turns=(3 + i, 9)) for i in range(5)], steps=3).run()
+    b = _sim([_spec(rid=str(i), turns=(3 + i, 9)) for i in range(5)], steps=3).run()
+    assert [(r["time_s"], r["batch"]["tokens"]) for r in a] == [(r["time_s"], r["batch"]["tokens"]) for r in b]
