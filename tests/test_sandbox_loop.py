@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -33,13 +34,17 @@ def test_many_calls_leave_no_residue():
         failures: list[str] = []
 
         def worker(n: int) -> None:
-            for _ in range(n):
-                with sb.workdir("loop") as w:
-                    (w / "test_x.py").write_text("ok\n")
+            # A fresh work dir every 10 calls, like one episode's run_tests calls.
+            for i in range(n):
+                if i % 10 == 0:
+                    w = sb.make_workdir("loop")
+                    (w / "test_x.py").write_text("print('ok')\n")
                     sb.own(w)
-                    r = sb.run(["sh", "-c", "cat test_x.py > out.txt && cat out.txt"], cwd=w)
-                    if (r.status, r.stdout) != ("success", "ok\n"):
-                        failures.append(repr(r))
+                r = sb.run([sys.executable, "-S", "test_x.py"], cwd=w)
+                if (r.status, r.stdout) != ("success", "ok\n"):
+                    failures.append(repr(r))
+                if i % 10 == 9 or i == n - 1:
+                    sb.remove_workdir(w)
 
         threads = [threading.Thread(target=worker, args=(NUM_CALLS // NUM_THREADS,)) for _ in range(NUM_THREADS)]
         for t in threads:
