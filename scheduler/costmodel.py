@@ -181,8 +181,8 @@ class CostModel:
         return max(m.num_active_params, frac * m.num_params) * m.bytes_per_param
 
     def decode_step_s(self, batch: int, context_tokens: float, tp: int) -> float:
-        """One decode iteration of `batch` sequences whose mean context is `context_tokens`."""
-        batch, tp = max(1, int(batch)), max(1, int(tp))
+        """One decode iteration of `batch` sequences (a time-averaged batch may be fractional)."""
+        batch, tp = max(1.0, float(batch)), max(1, int(tp))
         m, hw, c = self.model, self.hw, self.cfg
         kv_shards = min(tp, m.num_kv_heads)  # KV heads replicate once TP exceeds their count
         num_bytes = self._weight_bytes_touched(batch) / tp + batch * max(0.0, context_tokens) * m.kv_bytes_per_token / kv_shards

@@ -8,12 +8,16 @@ Algorithm:
    bucket b is (count n_b, tokens S_b, longest l_b), scaled to the mean trajectories per step.
 2. Bucket time with k instances of TP t: max(throughput, tail), where throughput =
    S_b/k x step(B)/B with B = ceil(n_b/k) sequences per instance (+ re-prefill of migrated
-   requests), and tail = l_b x step(1) + the tool time of the longest trajectory.
+   requests), and tail = l_b x step(b) + the tool time of the longest trajectory, where
+   b = 1 + (B - 1) x mean/longest: the tail shares its instance with the bucket's other requests
+   for part of its life, which is why mixing short and long requests on one instance slows the
+   tail and a dedicated high-TP long bucket pays off.
 3. For every set of active buckets (a trajectory whose bucket is inactive goes to the next
    longer active one, as the routers do) and every non-decreasing TP assignment from
    `allowed_tp`, the table T_a(k) gives, for each target time T, the devices needed
    sum_a t_a k_a(T); sweeping the candidate T values gives the best rollout time f(R) for
    every rollout size R at once (min-max allocation), in O(#candidates x log) per assignment.
+   Tables stop once within 1% of the single-stream tail (more instances cannot help).
 4. Step time of the async pipeline for R: max(f(R) x rollout_scale, train(G-R) x train_scale)
    + sync(R); pick the best R (ties: the current split, then fewer rollout devices). Devices
    left over after the k_a go to the slowest bucket, then as TP1 to the shortest one.
@@ -207,7 +211,8 @@ class GlobalPlanner:
     def _bucket_s(self, d: _Demand, tp_counts: dict[int, int], tool_s_per_token: float) -> float:
         if d.n <= 0:
             return 0.0
-        return max(self._thr_s(d, tp_counts), self._tail_s(d, max(tp_counts), tool_s_per_token))
+        batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
+        return max(self._thr_s(d, tp_counts), self._tail_s(d, max(tp_counts), batch, tool_s_per_token))
 
     def _thr_s(self, d: _Demand, tp_counts: dict[int, int]) -> float:
         batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
@@ -222,8 +227,12 @@ class GlobalPlanner:
             thr += batch * self.cm.prefill_s(d.reprefill, max(tp_counts))
         return thr
 
-    def _tail_s(self, d: _Demand, tp: int, tool_s_per_token: float) -> float:
-        return d.longest * self.cm.decode_step_s(1, d.longest / 2, tp) + d.longest * tool_s_per_token
+    def _tail_s(self, d: _Demand, tp: int, batch: int, tool_s_per_token: float) -> float:
+        """The longest trajectory's decode time: it shares its instance with the bucket's others for
+        about mean/longest of its life, so a bucket mixing short and long slows its tail."""
+        share = min(1.0, d.tokens / d.n / max(1, d.longest))
+        b = 1 + (min(batch, self.cfg.max_batch) - 1) * share
+        return d.longest * self.cm.decode_step_s(b, d.longest / 2, tp) + d.longest * tool_s_per_token
 
     def _train_s(self, wl: Workload, num_trainer: int) -> float:
         return self.cm.train_s(int(wl.train_tokens), num_trainer) * self.train_scale
@@ -266,17 +275,17 @@ class GlobalPlanner:
                     yield active, combo
 
     def _table(self, d: _Demand, tp: int, wl: Workload) -> list[float]:
-        """T(k) for k = 1.. instances, cut where it reaches the tail floor (more instances cannot help)."""
+        """T(k) for k = 1.. instances, cut once within 1% of the single-stream tail (more cannot help)."""
         key = (d, tp)
         if key in self._tables:
             return self._tables[key]
-        tail = self._tail_s(d, tp, wl.tool_s_per_token)
+        floor = self._tail_s(d, tp, 1, wl.tool_s_per_token)
         kmax = max(1, min(math.ceil(d.n), self.world_size // tp))
         out, best = [], math.inf
         for k in range(1, kmax + 1):
-            best = min(best, max(self._thr_s(d, {tp: k}), tail))
+            best = min(best, self._bucket_s(d, {tp: k}, wl.tool_s_per_token))
             out.append(best)
-            if best <= tail:
+            if best <= floor * 1.01:
                 break
         self._tables[key] = out
         return out
