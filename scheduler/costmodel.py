@@ -79,6 +79,7 @@ class ModelSpec:
     num_kv_heads: int  # key/value heads (GQA)
     head_dim: int  # per-head dimension
     bytes_per_param: int = 2  # bf16 weights
+    num_heads: int = 0  # attention (query) heads; TP must divide them (0 = unknown, no constraint)
 
     def __post_init__(self) -> None:
         if not 0 < self.num_active_params <= self.num_params:
@@ -88,6 +89,10 @@ class ModelSpec:
             )
         if min(self.num_layers, self.hidden, self.num_kv_heads, self.head_dim, self.bytes_per_param) < 1:
             raise ValueError(f"ModelSpec {self.name!r}: layer/width/head sizes must be >= 1, got {self}")
+
+    def tp_divides(self, tp: int) -> bool:
+        """Whether a TP-`tp` instance can shard this model's attention heads."""
+        return self.num_heads == 0 or self.num_heads % tp == 0
 
     @property
     def weight_bytes(self) -> float:
@@ -118,18 +123,18 @@ HARDWARE: dict[str, Hardware] = {
 
 MODELS: dict[str, ModelSpec] = {
     "qwen3-4b": ModelSpec(name="qwen3-4b", num_params=4.02e9, num_active_params=4.02e9, num_layers=36,
-                          hidden=2560, num_kv_heads=8, head_dim=128),
+                          hidden=2560, num_kv_heads=8, head_dim=128, num_heads=32),
     "qwen3-14b": ModelSpec(name="qwen3-14b", num_params=14.8e9, num_active_params=14.8e9, num_layers=40,
-                           hidden=5120, num_kv_heads=8, head_dim=128),
+                           hidden=5120, num_kv_heads=8, head_dim=128, num_heads=40),
     "qwen3-30b-a3b": ModelSpec(name="qwen3-30b-a3b", num_params=30.5e9, num_active_params=3.3e9, num_layers=48,
-                               hidden=2048, num_kv_heads=4, head_dim=128),
+                               hidden=2048, num_kv_heads=4, head_dim=128, num_heads=32),
     "qwen2.5-7b": ModelSpec(name="qwen2.5-7b", num_params=7.62e9, num_active_params=7.62e9, num_layers=28,
-                            hidden=3584, num_kv_heads=4, head_dim=128),
+                            hidden=3584, num_kv_heads=4, head_dim=128, num_heads=28),
     "smollm2-135m": ModelSpec(name="smollm2-135m", num_params=134.5e6, num_active_params=134.5e6, num_layers=30,
-                              hidden=576, num_kv_heads=3, head_dim=64),
+                              hidden=576, num_kv_heads=3, head_dim=64, num_heads=9),
     # The tests' tiny random Qwen2/Llama (hidden 64, 2 layers): fp32 on CPU.
     "tiny": ModelSpec(name="tiny", num_params=150e3, num_active_params=150e3, num_layers=2, hidden=64,
-                      num_kv_heads=2, head_dim=32, bytes_per_param=4),
+                      num_kv_heads=2, head_dim=32, bytes_per_param=4, num_heads=4),
 }
 
 
@@ -227,12 +232,16 @@ class CostModel:
         per_seq = m.kv_bytes_per_token * tp / min(tp, m.num_kv_heads) * max(1.0, context_tokens)
         return max(1, int(free / per_seq)) if free > 0 else 1
 
+    def valid_tp(self) -> tuple[int, ...]:
+        """TP degrees in {1, 2, 4, 8} that divide the model's attention heads."""
+        return tuple(tp for tp in (1, 2, 4, 8) if self.model.tp_divides(tp))
+
     def min_rollout_tp(self, kv_reserve_frac: float = 0.2) -> int:
-        """Smallest TP in {1, 2, 4, 8} whose weight shard leaves `kv_reserve_frac` of memory for KV."""
-        for tp in (1, 2, 4, 8):
+        """Smallest valid TP whose weight shard leaves `kv_reserve_frac` of memory for KV."""
+        for tp in self.valid_tp():
             if self.model.weight_bytes / tp <= (1.0 - kv_reserve_frac) * self.hw.mem_bytes:
                 return tp
-        return 8
+        return self.valid_tp()[-1]
 
     def min_train_devices(self, headroom_frac: float = 0.3) -> int:
         """Fewest FSDP ranks whose sharded weights + optimizer state leave `headroom_frac` for activations."""

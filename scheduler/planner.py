@@ -268,7 +268,8 @@ class GlobalPlanner:
 
     # ---- search ----------------------------------------------------------------------------
     def _assignments(self, num_buckets: int):
-        tps = sorted(t for t in self.cfg.allowed_tp if t >= self._min_tp) or [max(self.cfg.allowed_tp)]
+        ok = [t for t in self.cfg.allowed_tp if self.cm.model.tp_divides(t)] or [1]
+        tps = sorted(t for t in ok if t >= self._min_tp) or [max(ok)]
         for r in range(1, num_buckets + 1):
             for active in itertools.combinations(range(num_buckets), r):
                 for combo in itertools.combinations_with_replacement(tps, r):

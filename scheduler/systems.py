@@ -119,6 +119,8 @@ def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | No
     """A sane first layout for `system` on `world_size` ranks (see the module docstring)."""
     spec = get_system(system)
     min_tp = cost_model.min_rollout_tp() if cost_model else 1
+    if cost_model:  # e.g. SmolLM2-135M has 9 heads: only TP1 can hold it
+        allowed_tp = tuple(t for t in allowed_tp if cost_model.model.tp_divides(t)) or (1,)
     if spec.colocated:
         return colocated_role_map(world_size=world_size, tp=min_tp if world_size % min_tp == 0 else 1)
     num_trainer = _split(world_size, trainer_frac)

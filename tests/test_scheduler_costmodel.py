@@ -82,3 +82,10 @@ def test_config_errors():
     with pytest.raises(ValueError, match=r"unknown model 'gpt'; choose one of"):
         get_cost_model("cpu", "gpt")
     assert isinstance(get_cost_model("cpu", "tiny"), CostModel)
+
+
+def test_tp_must_divide_attention_heads():
+    assert get_cost_model("h100", "smollm2-135m").valid_tp() == (1,)
+    assert get_cost_model("h100", "qwen2.5-7b").valid_tp() == (1, 2, 4)  # 28 heads
+    assert get_cost_model("h100", "qwen3-14b").valid_tp() == (1, 2, 4, 8)
+    assert get_cost_model("910b3", "qwen3-30b-a3b").min_rollout_tp() == 2  # 61 GB of weights on 64 GB devices

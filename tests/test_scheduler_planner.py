@@ -152,3 +152,11 @@ def test_planner_errors():
     big = get_cost_model("910b3", "qwen3-14b")  # 237 GB of training state cannot fit on one 64 GB device
     with pytest.raises(ValueError, match=r"no layout of 2 devices fits .* set check_memory=False"):
         GlobalPlanner(None, big, 2, 10).plan(Workload(trajectory_tokens=(100,), num_trajectories=1, train_tokens=100))
+
+
+def test_plans_only_use_tp_degrees_the_model_can_split():
+    tail = tuple([800] * 250 + [30000] * 6)
+    wl = Workload(trajectory_tokens=tail, num_trajectories=256, train_tokens=1e6)
+    for model, allowed in (("smollm2-135m", {1}), ("qwen2.5-7b", {1, 2, 4})):
+        d = GlobalPlanner(None, get_cost_model("h100", model), 24, 100).plan(wl)
+        assert {i.tp for i in d.role_map.instances} <= allowed

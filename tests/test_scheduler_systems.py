@@ -47,6 +47,8 @@ def test_small_layouts():
     assert initial_role_map("colocate", 4).describe() == "v0 train=4 colocated | short:TP1x4"
     big = get_cost_model("910b3", "qwen3-30b-a3b")  # 61 GB of weights need TP2 on 64 GB devices
     assert initial_role_map("static", 7, cost_model=big).describe() == "v0 train=5 | short:TP2x1"
+    smol = get_cost_model("h100", "smollm2-135m")
+    assert initial_role_map("libra", 16, cost_model=smol).describe() == "v0 train=8 | short:TP1x7 long:TP1x1"
     with pytest.raises(ValueError, match=r"trainer_frac=1.0 must be in \(0, 1\)"):
         initial_role_map("libra", 4, trainer_frac=1.0)
     with pytest.raises(ValueError, match=r"world_size=1 must be >= 2"):
