@@ -1,0 +1,64 @@
+"""SimConfig and the reward model: every config error message, JSON-safety, the curve's properties."""
+
+import json
+import re
+
+import pytest
+
+from sim.config import SimConfig
+from sim.reward import RewardCurve, RewardTracker, curve_for, default_target
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hardware", "tpu", "SimConfig.hardware='tpu' is unknown; pick one of"),
+    ("model", "gpt", "SimConfig.model='gpt' is unknown; pick one of"),
+    ("steps", 0, "SimConfig.steps=0 must be >= 1; give a positive count"),
+    ("prompts_per_step", 0, "SimConfig.prompts_per_step=0 must be >= 1"),
+    ("samples_per_prompt", -1, "SimConfig.samples_per_prompt=-1 must be >= 1"),
+    ("max_seqs_per_device", 0, "SimConfig.max_seqs_per_device=0 must be >= 1"),
+    ("train_epochs", 0, "SimConfig.train_epochs=0 must be >= 1"),
+    ("dataset_prompts", 0, "SimConfig.dataset_prompts=0 must be >= 1"),
+    ("num_devices", 1, "SimConfig.num_devices=1 must be >= 2 so that rollout and training each get a device"),
+    ("max_staleness", -1, "SimConfig.max_staleness=-1 must be >= 0; 0 means on-policy"),
+    ("staleness_penalty", 1.0, "SimConfig.staleness_penalty=1.0 must lie in [0, 1)"),
+    ("reward_target", 1.5, "SimConfig.reward_target=1.5 must lie in (0, 1) or be None"),
+])
+def test_config_errors_name_field_value_and_fix(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SimConfig(**{field: value})
+
+
+def test_to_dict_is_json_safe_and_complete():
+    cfg = SimConfig(workload_overrides=(("tail_sigma", 0.0),))
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["workload_overrides"] == {"tail_sigma": 0.0}
+    assert set(d) == set(SimConfig.__dataclass_fields__)
+    assert cfg.trajectories_per_step == 16 * 8
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(r0=0.5, r_max=0.4, tau_steps=1.0), "RewardCurve r0=0.5, r_max=0.4 need 0 <= r0 < r_max <= 1"),
+    (dict(r0=0.1, r_max=0.4, tau_steps=0.0), "RewardCurve.tau_steps=0.0 must be > 0 steps"),
+])
+def test_reward_curve_errors(kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RewardCurve(**kw)
+
+
+def test_reward_rises_and_staleness_slows_it():
+    curve = RewardCurve(r0=0.1, r_max=0.5, tau_steps=10.0)
+    assert curve.at(0) == 0.1
+    assert curve.at(10) == pytest.approx(0.1 + 0.4 * (1 - 0.36787944117144233))
+    fresh, stale = RewardTracker(curve, 0.1), RewardTracker(curve, 0.1)
+    a = [fresh.step(0) for _ in range(20)]
+    b = [stale.step(1) for _ in range(20)]
+    assert a == sorted(a) and all(x > y for x, y in zip(a, b))
+    assert stale.progress == pytest.approx(18.0)
+
+
+def test_default_target_is_reached_at_sixty_percent_of_an_on_policy_run():
+    curve = curve_for("swe", 10)
+    target = default_target(curve, 10)
+    tracker = RewardTracker(curve, 0.1)
+    rewards = [tracker.step(0) for _ in range(10)]
+    assert next(i for i, r in enumerate(rewards) if r >= target) == 5

@@ -1,0 +1,81 @@
+"""Workload profiles: determinism, zero tail, the documented tail figures, truncation, drift, config errors."""
+
+import re
+
+import pytest
+
+from sim.workload import PROFILES, SyntheticWorkload, WorkloadProfile, get_profile, tail_stats
+
+
+def _batch(name="swe", seed=0, step=0, **overrides):
+    wl = SyntheticWorkload(get_profile(name, **overrides), seed=seed, num_steps=10)
+    return wl.batch(step, 64, 8)
+
+
+def test_specs_are_a_pure_function_of_seed_and_step():
+    assert _batch(seed=3, step=2) == _batch(seed=3, step=2)
+    assert _batch(seed=3, step=2) != _batch(seed=4, step=2)
+    assert _batch(seed=3, step=2) != _batch(seed=3, step=3)
+
+
+def test_zero_tail_gives_identical_trajectories():
+    specs = _batch(tail_sigma=0.0, turn_jitter=0.0, tool_latency_sigma=0.0, drift=0.0)
+    shapes = {(s.turn_tokens, s.tool_latency_s) for s in specs}
+    assert len(shapes) == 1
+    assert specs[0].turn_tokens == (256,) * 8
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_default_tails_match_the_documented_figures(name):
+    stats = tail_stats(_batch(name))
+    assert 5.0 <= stats["p99_over_p50"] <= 20.0
+    assert 0.25 <= stats["top10_decode_share"] <= 0.6
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_trajectories_fit_the_context_window_and_tools_line_up(name):
+    profile = get_profile(name)
+    for s in _batch(name):
+        assert s.total_tokens <= profile.max_context_tokens
+        assert len(s.tool_outcomes) == len(s.tool_output_tokens) == len(s.tool_latency_s) == len(s.turn_tokens) - 1
+        assert all(o.tool in profile.tools for o in s.tool_outcomes)
+
+
+def test_positive_drift_makes_later_steps_longer():
+    first = sum(s.decode_tokens for s in _batch(step=0))
+    last = sum(s.decode_tokens for s in _batch(step=10))
+    assert last > 1.15 * first
+
+
+def test_failures_signal_longer_trajectories():
+    specs = _batch("swe")
+    failed = [s for s in specs if s.tool_outcomes and s.tool_outcomes[0].status != "success"]
+    ok = [s for s in specs if s.tool_outcomes and s.tool_outcomes[0].status == "success"]
+    mean = lambda xs: sum(x.total_tokens for x in xs) / len(xs)  # noqa: E731
+    assert mean(failed) > mean(ok)
+
+
+def test_prompts_recur_across_steps():
+    wl = SyntheticWorkload(get_profile("swe"), seed=0, num_steps=10, num_dataset_prompts=32)
+    assert {s.prompt_id for s in wl.batch(0, 16, 2)} == {s.prompt_id for s in wl.batch(2, 16, 2)}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"prompt_tokens": 0, "max_context_tokens": 10}, "prompt_tokens=0 must be >= 1"),
+    ({"max_context_tokens": 100, "prompt_tokens": 100}, "max_context_tokens=100 must exceed prompt_tokens=100"),
+    ({"base_turns": 0.5}, "base_turns=0.5, base_turn_tokens=10 must both be >= 1"),
+    ({"tail_sigma": -1.0}, "tail_sigma=-1.0, turn_jitter=0.3, tool_latency_sigma=0.8 must be >= 0"),
+    ({"turn_exponent": 1.5}, "turn_exponent=1.5, prompt_share=0.5 must lie in [0, 1]"),
+    ({"drift": -1.0}, "drift=-1.0 must be > -1"),
+    ({"tools": ()}, "tools is empty"),
+])
+def test_profile_errors_name_the_value_and_fix(overrides, message):
+    base = dict(name="x", prompt_tokens=10, base_turns=2, max_turns=4, base_turn_tokens=10, max_turn_tokens=100)
+    base.update(overrides)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        WorkloadProfile(**base)
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown workload 'nope'; pick one of \['math', 'search', 'swe'\]"):
+        get_profile("nope")
