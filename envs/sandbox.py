@@ -2,13 +2,15 @@
 
 Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
 1. Take a slot of the concurrency semaphore (`max_concurrent`).
-2. Start, as an unprivileged uid (65534 when we are root, so RLIMIT_NPROC binds),
-   `unshare --user --map-root-user --net --pid --fork --kill-child --mount --mount-proc`,
-   whose init shell mounts fresh tmpfs over /tmp, /var/tmp, /dev/shm and the `hidden_paths`,
-   binds the work dir back in, and execs `prlimit` (CPU s, address space, processes, file size,
-   open files, no core) with the command. The new network namespace has no interfaces, so every
-   connect fails; the PID namespace is the cleanup boundary: when its init dies, the kernel
-   kills every descendant, `setsid` daemons included.
+2. Start `unshare --net --pid --fork --kill-child --mount --mount-proc` (plus `--user
+   --map-root-user` when we are not root). Its init shell runs one `mount -a` over a per-call
+   fstab: fresh tmpfs over /tmp, /var/tmp, /dev/shm and the `hidden_paths` (/root, /home), the
+   interpreter's dirs and the work dir bound back in. It then drops to the sandbox uid (65534
+   when we are root, in a fresh user namespace so RLIMIT_NPROC counts only this call) and execs
+   `prlimit` (CPU s, address space, processes, file size, open files, no core) with the command.
+   The new network namespace has no interfaces, so every connect fails; the PID namespace is
+   the cleanup boundary: when its init dies, the kernel kills every descendant, `setsid`
+   daemons included.
 3. Wait up to the wall timeout; on expiry SIGKILL the whole tree (status "timeout").
 4. Read at most `max_output_bytes` of stdout/stderr from unlinked temp files (no pipe
    deadlocks, no unbounded memory), release the slot.
@@ -27,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import shlex
 import shutil
 import signal
 import subprocess
@@ -140,24 +141,28 @@ def _probe_namespaces(uid: int | None) -> str | None:
         return why
 
 
-def _init_script(hidden: list[str], exposed: list[str], tmpfs_mb: int) -> str:
-    """Shell run as PID 1 of the new namespaces: private /tmp, hidden dirs, needed dirs bound back."""
-    fail = f"|| {{ echo 'libra-sandbox-setup: mount failed' >&2; exit {_SETUP_FAILED_RC}; }}"
-    q = shlex.quote
-    lines = ["W=$(pwd -P)"]
-    for d in _PRIVATE_TMP_DIRS:
-        lines.append(f"[ -d {d} ] && {{ mount -t tmpfs -o size={tmpfs_mb}m,mode=1777 none {d} {fail}; }}")
+def _fstab_path(path: str) -> str:
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
+def _fstab(hidden: list[str], exposed: list[str], tmpfs_mb: int, cwd: str) -> str:
+    """Mounts for the namespace init, in order; one `mount -a` does them all (one exec, not ten)."""
+    q = _fstab_path
+    rows = [f"none {d} tmpfs size={tmpfs_mb}m,mode=1777 0 0" for d in _PRIVATE_TMP_DIRS if os.path.isdir(d)]
     # Stage exposed dirs (e.g. the interpreter under /root) before their parents get covered.
-    for i, d in enumerate(exposed):
-        lines.append(f"mkdir -p /tmp/.libra-stage/{i} && mount --bind {q(d)} /tmp/.libra-stage/{i} {fail}")
-    for d in hidden:
-        lines.append(f"[ -d {q(d)} ] && {{ mount -t tmpfs -o size=1m,mode=755 none {q(d)} {fail}; }}")
-    for i, d in enumerate(exposed):
-        lines.append(f"mkdir -p {q(d)} && mount --bind /tmp/.libra-stage/{i} {q(d)} {fail}")
-    # The cwd still points at the real work dir after /tmp was covered; bind it back at its path.
-    lines.append(f'mkdir -p "$W" && mount --no-canonicalize --bind /proc/self/cwd "$W" {fail}')
-    lines.append('cd "$W" && exec "$@"')
-    return "\n".join(lines)
+    rows += [f"{q(d)} /tmp/.libra-stage/{i} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
+    rows += [f"none {q(d)} tmpfs size=1m,mode=755 0 0" for d in hidden if os.path.isdir(d)]
+    rows += [f"/tmp/.libra-stage/{i} {q(d)} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
+    # The init's cwd still is the real work dir after /tmp was covered: bind it back at its path
+    # (--no-canonicalize keeps /proc/self/cwd a magic link the kernel follows).
+    rows.append(f"/proc/self/cwd {q(cwd)} none bind,X-mount.mkdir 0 0")
+    return "\n".join(rows) + "\n"
+
+
+_INIT_SCRIPT = (
+    f'mount --no-canonicalize -a -T "$1" || {{ echo "libra-sandbox-setup: mount failed" >&2; exit {_SETUP_FAILED_RC}; }}\n'
+    'cd "$2" && shift 2 && exec "$@"'
+)
 
 
 class Sandbox:
@@ -240,8 +245,10 @@ class Sandbox:
         cwd_real = os.path.realpath(cwd)
         hidden = [h for h in self.cfg.hidden_paths if not _under(cwd_real, h)]
         exposed = [e for e in self._exposed if any(_under(e, h) for h in hidden)]
-        script = _init_script(hidden, exposed, self.cfg.tmpfs_mb)
-        return [*_outer_argv(self._uid is not None), "sh", "-c", script, "libra-sandbox", *_drop_argv(self._uid), *self._limits(), *argv]
+        fstab = self._root / f".fstab-{uuid.uuid4().hex}"
+        fstab.write_text(_fstab(hidden, exposed, self.cfg.tmpfs_mb, cwd_real))
+        return [*_outer_argv(self._uid is not None), "sh", "-c", _INIT_SCRIPT, "libra-sandbox", str(fstab), cwd_real,
+                *_drop_argv(self._uid), *self._limits(), *argv]
 
     def _env(self, cwd: Path, env: dict | None, marker: str) -> dict:
         base = {
@@ -268,18 +275,24 @@ class Sandbox:
                 inp.write(stdin.encode("utf-8", "replace"))
                 inp.seek(0)
             t0 = time.monotonic()
+            command = self._command(argv, cwd)
+            fstab = Path(command[command.index(_INIT_SCRIPT) + 2]) if self._use_ns else None
             try:
                 proc = subprocess.Popen(
-                    self._command(argv, cwd), cwd=cwd, stdin=inp, stdout=out, stderr=err,
+                    command, cwd=cwd, stdin=inp, stdout=out, stderr=err,
                     env=self._env(cwd, env, marker), user=None if self._use_ns else self._uid,
                     start_new_session=True, close_fds=True,
                 )
             except OSError as e:
+                if fstab is not None:
+                    fstab.unlink()
                 raise ToolInfraError(f"sandbox could not start {argv[0]!r}: {e}") from e
             try:
                 timed_out = _wait(proc, timeout)
             finally:
                 self._kill_tree(proc, marker)
+                if fstab is not None:
+                    fstab.unlink()
             latency_s = time.monotonic() - t0
             stdout, cut_out = _read_capped(out, self.cfg.max_output_bytes)
             stderr, cut_err = _read_capped(err, self.cfg.max_output_bytes)
