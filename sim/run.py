@@ -73,7 +73,7 @@ def _spec_async(spec) -> bool:
 
 
 def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
-    if cfg.trace_dir is not None or cfg.bench not in PROFILES:
+    if cfg.trace_dir is not None or (cfg.bench not in PROFILES and not cfg.bench.endswith(".json")):
         return None
     return get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens
 

@@ -20,7 +20,8 @@ Algorithm (per trajectory):
    return larger payloads, so (tool, size, status) prefixes predict the remaining length.
 
 Profiles: `swe` (R2E-Gym: long prompts, many turns, slow test runs), `search` (Search-R1: short
-turns, retrieval payloads, fast tools), `math` (DAPO-Math: few turns of long reasoning).
+turns, retrieval payloads, fast tools), `math` (DAPO-Math: few turns of long reasoning); any env
+can ship its own as a JSON file of `WorkloadProfile` fields (`load_profile`, or `bench=path.json`).
 
 Invariants (tests/test_sim_workload.py): specs are a pure function of (profile, seed, step,
 prompt); zero tail gives identical trajectories; the default tails have p99/median in [5, 20].
@@ -29,9 +30,11 @@ prompt); zero tail gives identical trajectories; the default tails have p99/medi
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from scheduler.api import OutcomeState
 
@@ -135,7 +138,20 @@ class TrajSpec:
         return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_output_tokens)
 
 
+def load_profile(path: Path) -> WorkloadProfile:
+    """An env profile from a JSON file of WorkloadProfile fields (lists become tuples)."""
+    raw = json.loads(Path(path).read_text())
+    known = {f.name for f in dataclasses.fields(WorkloadProfile)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"workload profile {path}: unknown fields {unknown}; known: {sorted(known)}")
+    return WorkloadProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
 def get_profile(name: str, **overrides) -> WorkloadProfile:
+    """A built-in profile by bench name, or an env profile from a `.json` path; then overrides."""
+    if name.endswith(".json"):
+        return dataclasses.replace(load_profile(Path(name)), **overrides)
     if name not in PROFILES:
         raise ValueError(f"unknown workload {name!r}; pick one of {sorted(PROFILES)} or load a trace")
     return dataclasses.replace(PROFILES[name], **overrides)

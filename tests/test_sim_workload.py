@@ -79,3 +79,14 @@ def test_profile_errors_name_the_value_and_fix(overrides, message):
 def test_unknown_profile_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown workload 'nope'; pick one of \['math', 'search', 'swe'\]"):
         get_profile("nope")
+
+
+def test_env_profile_loads_from_json(tmp_path):
+    path = tmp_path / "toy.json"
+    path.write_text('{"name": "toy", "prompt_tokens": 50, "base_turns": 2, "max_turns": 3, "base_turn_tokens": 20, '
+                    '"max_turn_tokens": 64, "max_context_tokens": 512, "tools": ["calc"], "output_tokens": [8, 16, 32]}')
+    profile = get_profile(str(path), drift=0.5)
+    assert profile.tools == ("calc",) and profile.output_tokens == (8, 16, 32) and profile.drift == 0.5
+    path.write_text('{"name": "toy", "colour": 1}')
+    with pytest.raises(ValueError, match=r"unknown fields \['colour'\]"):
+        get_profile(str(path))
