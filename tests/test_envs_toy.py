@@ -45,3 +45,19 @@ def test_toy_errors():
         ToyEnv(data_path="x.jsonl")
     with pytest.raises(ValueError, match=r"toy: num_words=0 must be >= 1"):
         ToyEnv(num_words=0)
+
+
+def test_profile_writes_a_trace_the_simulator_loads(tmp_path):
+    import json
+
+    from envs.profile import format_table, profile, quantiles
+    from sim.trace import record_to_spec
+
+    summary = profile("toy", num_tasks=6, out=tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    specs = [record_to_spec(r) for r in records]
+    assert [len(s.turn_tokens) for s in specs] == [2] * 6 and all(s.tool_outcomes[0] == ("echo", "small", "success") for s in specs)
+    assert summary["reward_mean"] == 1.0 and summary["turns"]["median"] == 2 and summary["outcome_states"] == {"echo/small/success": 6}
+    assert json.loads((tmp_path / "profile.json").read_text())["num_trajectories"] == 6
+    assert "turns per trajectory" in format_table(summary)
+    assert quantiles([1, 2, 3, 4, 100]) == {"median": 3.0, "p90": 100.0, "p99": 100.0, "mean": 22.0, "n": 5}
