@@ -297,10 +297,12 @@ class ClusterSim:
         self.trainer_free_at = max(self.trainer_free_at, self.now + cost)
         for req in evicted:
             route = routes.get(req.spec.request_id)
-            assert route is not None, f"router did not re-home {req.spec.request_id} off a removed instance"
+            # an instance id kept with new ranks/TP is a new engine: the request stays, its KV is gone
+            iid = route.instance_id if route is not None else req.instance_id
+            assert iid in self.instances, f"router did not re-home {req.spec.request_id} off removed instance {iid}"
             req.need_prefill = req.context
-            req.instance_id = route.instance_id
-            self.instances[route.instance_id].queue.append(req)
+            req.instance_id = iid
+            self.instances[iid].queue.append(req)
         for inst in self.instances.values():
             self._kick(inst)
 

@@ -4,9 +4,10 @@ Algorithm of `simulate(cfg, system)`:
 1. cost model = `scheduler.costmodel.get_cost_model(cfg.hardware, cfg.model)`; workload = the
    bench profile (with `cfg.workload_overrides`) or a recorded trace (`cfg.trace_dir`).
 2. router, planner and initial role map come from `scheduler/systems.py` exactly as the real
-   runtime builds them; `oracle` replays the best of `ORACLE_BASES` (libra, libra-homogeneous,
-   static, colocate) with the clairvoyant router of `sim/oracle.py`, longest-first admission,
-   free sync and free reconfiguration.
+   runtime builds them; `oracle` keeps the fastest of its candidate schedules, each with the
+   clairvoyant router of `sim/oracle.py`, longest-first admission, free sync and free
+   reconfiguration: the planners/pipelines of `ORACLE_BASES` and, in `compare`, every layout
+   another system ran on (held fixed; the oracle knows the workload, so it needs no planner).
 3. `sim/cluster.py` plays S steps; `sim/report.py` turns them into DESIGN.md's metrics and summary.
 `compare` runs every system on the same workload and seed and writes compare.json/compare.png.
 
@@ -99,20 +100,50 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                        colocated=bool(role_map.colocated), oracle=clairvoyant)
 
 
-# The oracle's schedule is the best clairvoyant one over these layouts/pipelines: libra's
-# planner, the best homogeneous planner, a fixed split, and verl-style colocation.
+# Standalone, the oracle's schedule is the best clairvoyant one over these planners/pipelines; in
+# `compare` it also tries, as fixed layouts, the layouts every other system ran on.
 ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate")
 
 
-def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False):
+def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None):
     parts = build_system(system, cfg, cost, clairvoyant=clairvoyant)
+    if fixed is not None:
+        parts = SystemParts(router=parts.router, planner=None, role_map=fixed, is_async=not fixed.colocated,
+                            colocated=fixed.colocated, oracle=clairvoyant)
     sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
                      role_map=parts.role_map, is_async=parts.is_async, longest_first=clairvoyant,
                      clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record)
     return sim.run(), parts, sim
 
 
-def _run(cfg: SimConfig, system: str, record: bool = False) -> tuple[dict, list[dict], list]:
+def _layout_key(rm: RoleMap) -> tuple:
+    return (len(rm.trainer_ranks), rm.colocated, tuple(sorted((i.bucket, i.tp) for i in rm.instances)),
+            tuple((b.name, b.max_tokens) for b in rm.buckets))
+
+
+def layouts_used(metrics_source: list[dict]) -> list[RoleMap]:
+    """The layouts a run spent most steps on and ended with (deduplicated), for the oracle to try."""
+    counts: dict[tuple, list] = {}
+    for row in metrics_source:
+        rm = row["role_map"]
+        counts.setdefault(_layout_key(rm), [0, rm])[0] += 1
+    most = max(counts.values(), key=lambda c: c[0])[1]
+    last = metrics_source[-1]["role_map"]
+    return [most] if _layout_key(most) == _layout_key(last) else [most, last]
+
+
+def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None]]:
+    if system != ORACLE:
+        return [(system, None)]
+    seen, out = set(), [(b, None) for b in ORACLE_BASES]
+    for rm in extra_layouts:
+        if _layout_key(rm) not in seen:
+            seen.add(_layout_key(rm))
+            out.append(("libra", rm))
+    return out
+
+
+def _run(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=()) -> tuple[dict, list[dict], list, list]:
     from scheduler.costmodel import get_cost_model
 
     t0 = time.perf_counter()
@@ -120,19 +151,19 @@ def _run(cfg: SimConfig, system: str, record: bool = False) -> tuple[dict, list[
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
     best = None
-    for base in ORACLE_BASES if system == ORACLE else (system,):
-        rows, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE)
+    for base, fixed in _candidates(system, oracle_layouts):
+        rows, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed)
         if best is None or rows[-1]["time_s"] < best[0][-1]["time_s"]:
-            best = (rows, parts, sim, base)
-    rows, parts, sim, base = best
+            best = (rows, parts, sim, base if fixed is None else "fixed " + fixed.describe())
+    rows, parts, sim, source = best
     metrics = metrics_rows(rows, colocated=parts.colocated, tracker=RewardTracker(curve, cfg.staleness_penalty))
     summary = summarize(metrics, bench=cfg.bench, system=system, sim_wall_s=time.perf_counter() - t0,
                         reward_target=target)
     if system == ORACLE:
-        summary["oracle_schedule_from"] = base
+        summary["oracle_schedule_from"] = source
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
-    return summary, metrics, sim.admitted or []
+    return summary, metrics, sim.admitted or [], layouts_used(rows)
 
 
 def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict], admitted=()) -> None:
@@ -149,7 +180,7 @@ def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metric
 def simulate(cfg: SimConfig, system: str, out_dir: Path | None = None) -> dict:
     """Simulate one system; with `out_dir`, write config.json, metrics.jsonl, summary.json there,
     and the run's trajectories.jsonl in the real runtime's trace format (replayable)."""
-    summary, metrics, admitted = _run(cfg, system, record=out_dir is not None)
+    summary, metrics, admitted, _ = _run(cfg, system, record=out_dir is not None)
     if out_dir is not None:
         _write_run(Path(out_dir), cfg, system, summary, metrics, admitted)
     return summary
@@ -158,12 +189,15 @@ def simulate(cfg: SimConfig, system: str, out_dir: Path | None = None) -> dict:
 def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> dict:
     """Every system on the same workload and seed; writes compare.json and compare.png to `out_dir`."""
     names = list(systems) if systems else all_systems()
-    results = {}
-    for name in names:
-        summary, metrics, _ = _run(cfg, name)
+    results, layouts = {}, []
+    # the oracle runs last: it tries every layout the other systems ran on
+    for name in sorted(names, key=lambda n: n == ORACLE):
+        summary, metrics, _, used = _run(cfg, name, oracle_layouts=layouts)
+        layouts.extend(used)
         results[name] = summary
         if out_dir is not None:
             _write_run(Path(out_dir) / name, cfg, name, summary, metrics)
+    results = {n: results[n] for n in names}
     add_ratios(results)
     out = {
         "bench": cfg.bench,

@@ -116,7 +116,7 @@ def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu
     steps = min(wl.num_steps, len(measured))
     cfg = SimConfig(bench=wl.name, hardware=hardware, model=model, num_devices=num_devices, steps=steps,
                     max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir))
-    summary, metrics, _ = _run(cfg, system)
+    summary, metrics, _, _ = _run(cfg, system)
     pairs = [(m["step_s"], p["step_s"]) for m, p in zip(measured[:steps], metrics)]
     errors = [abs(p - m) / m for m, p in pairs if m > 0]
     return {
