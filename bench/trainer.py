@@ -1,0 +1,106 @@
+"""Trainer throughput: tokens/s of `Trainer.train_step`, one rank vs FSDP2 over two ranks.
+
+For each model (tiny, smollm2) and each rank count (1, 2) the benchmark spawns that many gloo
+ranks on CPU, with the cores split evenly between them (1 rank x 2 threads vs 2 ranks x 1
+thread on a 2-core box, so both configurations use the same hardware). Every rank trains on
+the same synthetic batch of GRPO groups (random token ids, half prompt, alternating rewards),
+one warm-up step, then `--steps` timed steps; tokens/s counts every token of the batch
+(prompt included, that is what the forward pays for) over the slowest rank's time.
+
+Prints a table and, last, `trainer_fsdp2_vs_1: R`: tokens/s with 2 FSDP2 ranks over 1 rank for
+the last model benchmarked (smollm2 by default). On CPU, FSDP2 pays all-gathers and
+reduce-scatters over gloo for no extra compute, so R < 1 is expected here; on accelerators
+each rank brings its own device.
+
+    python -m bench.trainer [--models tiny,smollm2] [--steps 2] [--num-trajectories 8] [--seq-len 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from engine.devices import DeviceInfo
+from engine.launch import PRELOAD, spawn
+
+
+def synthetic_batch(num_trajectories: int, seq_len: int, vocab_size: int, version: int):
+    from engine.trajectory import Trajectory
+
+    gen = torch.Generator().manual_seed(1234 + version)
+    prompt_len = seq_len // 2
+    out = []
+    for i in range(num_trajectories):
+        ids = torch.randint(0, vocab_size, (seq_len,), generator=gen).tolist()
+        k = seq_len - prompt_len
+        out.append(Trajectory(request_id=f"b{version}-{i}", task_id=f"t{i // 4}", group_id=f"g{version}-{i // 4}",
+                              prompt_len=prompt_len, token_ids=ids, loss_mask=[0] * prompt_len + [1] * k,
+                              logprobs=[0.0] * prompt_len + [-5.0] * k, versions=[-1] * prompt_len + [version] * k,
+                              reward=float(i % 2)))
+    return out
+
+
+def _rank_main(ctx, model_spec: str, num_ranks: int, steps: int, num_trajectories: int, seq_len: int, micro_batch_tokens: int):
+    import torch.distributed as dist
+
+    from engine.models import load_policy
+    from engine.trainer import Trainer, TrainerConfig
+
+    model, tokenizer = load_policy(model_spec, device="cpu")
+    group = dist.group.WORLD if num_ranks > 1 else None
+    trainer = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=micro_batch_tokens), group=group, device="cpu")
+    vocab = len(tokenizer)
+    trainer.train_step(synthetic_batch(num_trajectories, seq_len, vocab, 0), 0)  # warm-up
+    if group is not None:
+        dist.barrier()
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        metrics = trainer.train_step(synthetic_batch(num_trajectories, seq_len, vocab, step), step)
+    elapsed = time.perf_counter() - start
+    return {"elapsed_s": elapsed, "tokens": metrics["train/tokens"] * steps, "loss": metrics["train/loss"],
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def measure(model_spec: str, num_ranks: int, args) -> dict:
+    cores = os.cpu_count() or 1
+    results = spawn(
+        _rank_main, num_ranks, (model_spec, num_ranks, args.steps, args.num_trajectories, args.seq_len, args.micro_batch_tokens),
+        device_info=DeviceInfo("cpu", cores), threads_per_rank=max(1, cores // num_ranks), timeout_s=args.timeout_s,
+        preload=PRELOAD + ["engine.trainer", "engine.models"],
+    )
+    slowest = max(r["elapsed_s"] for r in results)
+    return {"tokens_per_s": results[0]["tokens"] / slowest, "elapsed_s": slowest, "loss": results[0]["loss"],
+            "params": results[0]["params"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2, or local HF dirs")
+    parser.add_argument("--steps", type=int, default=2, help="timed train steps per configuration")
+    parser.add_argument("--num-trajectories", type=int, default=8, help="trajectories per step (groups of 4)")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per trajectory, half of them prompt")
+    parser.add_argument("--micro-batch-tokens", type=int, default=512, help="padded tokens per forward/backward")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per configuration")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+    rows, ratio = [], float("nan")
+    for spec in args.models.split(","):
+        per_ranks = {n: measure(spec, n, args) for n in (1, 2)}
+        ratio = per_ranks[2]["tokens_per_s"] / per_ranks[1]["tokens_per_s"]
+        for n, r in per_ranks.items():
+            rows.append((spec, r["params"], n, r["tokens_per_s"], r["elapsed_s"], r["loss"], ratio if n == 2 else 1.0))
+    print(f"{'model':<10} {'params':>11} {'ranks':>5} {'tokens/s':>10} {'time_s':>8} {'loss':>9} {'vs 1 rank':>9}")
+    for spec, params, n, tps, secs, loss, rel in rows:
+        print(f"{spec:<10} {params:>11,} {n:>5} {tps:>10.1f} {secs:>8.2f} {loss:>9.4f} {rel:>9.2f}")
+    print(f"batch: {args.num_trajectories} trajectories x {args.seq_len} tokens, {args.steps} timed steps, "
+          f"micro_batch_tokens={args.micro_batch_tokens}, {os.cpu_count()} cores split across ranks")
+    print(f"trainer_fsdp2_vs_1: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
