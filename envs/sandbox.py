@@ -190,6 +190,8 @@ class Sandbox:
         if self.cfg.isolation == "namespaces":
             raise ToolInfraError(f"sandbox isolation='namespaces' requested but unavailable: {why}")
         self._lacks = f"{why}; no network isolation, no private /tmp or hidden dirs, cleanup by marker sweep"
+        if self._uid is not None:
+            self._lacks += f"; commands run as uid {self._uid} and cannot reach files only root may read (e.g. under /root)"
         # Orphans must come back to us to be reaped (some containers' PID 1 never reaps them).
         if not _become_subreaper():
             self._lacks += "; cannot become subreaper, orphaned zombies are left to PID 1"
@@ -239,16 +241,18 @@ class Sandbox:
             f"--fsize={c.max_file_mb << 20}", f"--nofile={c.max_open_files}", "--core=0", "--",
         ]
 
-    def _command(self, argv: list[str], cwd: Path) -> list[str]:
+    def _command(self, argv: list[str], cwd: Path) -> tuple[list[str], Path | None]:
+        """The wrapped command and the per-call fstab it reads (None in the fallback)."""
         if not self._use_ns:
-            return [*self._limits(), *argv]
+            return [*self._limits(), *argv], None
         cwd_real = os.path.realpath(cwd)
         hidden = [h for h in self.cfg.hidden_paths if not _under(cwd_real, h)]
         exposed = [e for e in self._exposed if any(_under(e, h) for h in hidden)]
         fstab = self._root / f".fstab-{uuid.uuid4().hex}"
         fstab.write_text(_fstab(hidden, exposed, self.cfg.tmpfs_mb, cwd_real))
-        return [*_outer_argv(self._uid is not None), "sh", "-c", _INIT_SCRIPT, "libra-sandbox", str(fstab), cwd_real,
-                *_drop_argv(self._uid), *self._limits(), *argv]
+        command = [*_outer_argv(self._uid is not None), "sh", "-c", _INIT_SCRIPT, "libra-sandbox", str(fstab), cwd_real,
+                   *_drop_argv(self._uid), *self._limits(), *argv]
+        return command, fstab
 
     def _env(self, cwd: Path, env: dict | None, marker: str) -> dict:
         base = {
@@ -275,8 +279,7 @@ class Sandbox:
                 inp.write(stdin.encode("utf-8", "replace"))
                 inp.seek(0)
             t0 = time.monotonic()
-            command = self._command(argv, cwd)
-            fstab = Path(command[command.index(_INIT_SCRIPT) + 2]) if self._use_ns else None
+            command, fstab = self._command(argv, cwd)
             try:
                 proc = subprocess.Popen(
                     command, cwd=cwd, stdin=inp, stdout=out, stderr=err,
