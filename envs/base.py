@@ -72,6 +72,13 @@ class SizeThresholds:
     small_max_bytes: int = 512  # payloads up to this are "small"
     medium_max_bytes: int = 4096  # up to this "medium", above "large"
 
+    def __post_init__(self):
+        if not 0 <= self.small_max_bytes <= self.medium_max_bytes:
+            raise ValueError(
+                f"SizeThresholds: small_max_bytes={self.small_max_bytes}, medium_max_bytes={self.medium_max_bytes} "
+                "must satisfy 0 <= small <= medium; raise medium_max_bytes or lower small_max_bytes."
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolResult:

@@ -86,6 +86,11 @@ def test_outcome_size_classes(size, cls):
         "small" if size == 0 else "medium" if size <= 1 else "large")
 
 
+def test_size_thresholds_error():
+    with pytest.raises(ValueError, match=r"SizeThresholds: small_max_bytes=10, medium_max_bytes=5 must satisfy 0 <= small <= medium"):
+        SizeThresholds(small_max_bytes=10, medium_max_bytes=5)
+
+
 def _fuzz_case(rng: random.Random) -> tuple[str, str]:
     """(assistant text with one malformed call, substring the failure must contain)."""
     kind = rng.randrange(9)
