@@ -138,9 +138,31 @@ class TrajSpec:
         return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_output_tokens)
 
 
+def profile_from_env_summary(summary: dict) -> WorkloadProfile:
+    """A profile fitted to `python -m envs.profile`'s profile.json (median/p90/p99 per quantity)."""
+    turns, per_turn, out = summary["turns"], summary["tokens_per_turn"], summary["tool_output_tokens"]
+    lat = summary["tool_latency_s"] or {"tool": {"median": 0.0, "p99": 0.0}}
+    med_lat = sorted(q["median"] for q in lat.values())[len(lat) // 2]
+    p99_lat = max(q["p99"] for q in lat.values())
+    # lognormal sigma from the p99/median ratio of a trajectory's decode tokens (turns x tokens/turn)
+    spread = (max(turns["p99"], 1.0) * max(per_turn["p99"], 1.0)) / (max(turns["median"], 1.0) * max(per_turn["median"], 1.0))
+    return WorkloadProfile(
+        name=str(summary.get("bench", "env")), prompt_tokens=max(1, int(summary["prompt_tokens"]["median"])),
+        base_turns=max(1.0, turns["median"]), max_turns=max(1, int(math.ceil(turns["p99"] * 1.5))),
+        base_turn_tokens=max(1.0, per_turn["median"]), max_turn_tokens=max(1, int(per_turn["p99"] * 2)),
+        max_context_tokens=max(int(summary["prompt_tokens"]["p99"]) * 2, 32768),
+        tail_sigma=math.log(max(spread, 1.0)) / 2.326, turn_jitter=0.0, drift=0.0,
+        tools=tuple(lat) if summary["tool_latency_s"] else ("tool",),
+        tool_latency_s=max(med_lat, 1e-3), tool_latency_sigma=math.log(max(p99_lat, 1e-3) / max(med_lat, 1e-3)) / 2.326,
+        output_tokens=(max(1, int(out["median"] / 2)), max(1, int(out["median"])), max(1, int(out["p99"]))),
+    )
+
+
 def load_profile(path: Path) -> WorkloadProfile:
-    """An env profile from a JSON file of WorkloadProfile fields (lists become tuples)."""
+    """An env profile from JSON: WorkloadProfile fields (lists become tuples), or envs/profile.py's profile.json."""
     raw = json.loads(Path(path).read_text())
+    if "tokens_per_turn" in raw:
+        return profile_from_env_summary(raw)
     known = {f.name for f in dataclasses.fields(WorkloadProfile)}
     unknown = sorted(set(raw) - known)
     if unknown:

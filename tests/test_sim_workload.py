@@ -1,5 +1,7 @@
 """Workload profiles: determinism, zero tail, the documented tail figures, truncation, drift, config errors."""
 
+import json
+import math
 import re
 
 import pytest
@@ -90,3 +92,17 @@ def test_env_profile_loads_from_json(tmp_path):
     path.write_text('{"name": "toy", "colour": 1}')
     with pytest.raises(ValueError, match=r"unknown fields \['colour'\]"):
         get_profile(str(path))
+
+
+def test_env_profile_summary_becomes_a_workload(tmp_path):
+    q = lambda med, p99: {"median": med, "p90": med, "p99": p99, "mean": med, "n": 10}  # noqa: E731
+    summary = {"bench": "search", "turns": q(3, 6), "prompt_tokens": q(300, 400), "tokens_per_turn": q(100, 500),
+               "tool_output_tokens": q(200, 800), "tool_latency_s": {"search": q(0.05, 0.5)}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(summary))
+    p = get_profile(str(path))
+    assert (p.name, p.prompt_tokens, p.base_turns, p.base_turn_tokens, p.tools) == ("search", 300, 3, 100, ("search",))
+    assert p.output_tokens == (100, 200, 800) and p.max_turns == 9
+    assert p.tail_sigma == pytest.approx(math.log(10) / 2.326)
+    specs = SyntheticWorkload(p, seed=0, num_steps=1).batch(0, 4, 2)
+    assert len(specs) == 8 and all(s.prompt_tokens == 300 for s in specs)
