@@ -4,7 +4,7 @@ Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
 1. Take a slot of the concurrency semaphore (`max_concurrent`).
 2. Start `unshare --net --pid --fork --kill-child --mount --mount-proc` (plus `--user
    --map-root-user` when we are not root). Its init shell runs one `mount -a` over a per-call
-   fstab: fresh tmpfs over /tmp, /var/tmp, /dev/shm and the `hidden_paths` (/root, /home), the
+   fstab: fresh tmpfs over /tmp, /var/tmp, /dev/shm, the `hidden_paths` (/root, /home) and this repo, the
    interpreter's dirs and the work dir bound back in. It then drops to the sandbox uid (65534
    when we are root, in a fresh user namespace so RLIMIT_NPROC counts only this call) and execs
    `prlimit` (CPU s, address space, processes, file size, open files, no core) with the command.
@@ -51,6 +51,7 @@ _MARKER_ENV = "LIBRA_SANDBOX_ID"
 _NOBODY_UID = 65534
 _PR_SET_CHILD_SUBREAPER = 36
 _REAP_TIMEOUT_S = 0.5  # the kernel tears a killed PID namespace down in milliseconds
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
@@ -68,6 +69,7 @@ class SandboxConfig:
     root_dir: str = ""  # parent of work dirs; "" = the system temp dir
     hidden_paths: tuple[str, ...] = ("/root", "/home")  # replaced by empty dirs inside
     expose_paths: tuple[str, ...] = ()  # dirs under hidden paths to keep visible (the interpreter's are added)
+    hide_project: bool = True  # hide this repo too (it holds the swe projects' unbroken sources)
     isolation: str = "auto"  # "auto" (namespaces if they work) | "namespaces" | "rlimits"
     uid: int | None = None  # uid to run as; None = 65534 when root, else our own
 
@@ -178,6 +180,7 @@ class Sandbox:
         # The running interpreter must stay reachable inside (it often lives under /root or /home).
         prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *cfg.expose_paths)}
         self._exposed = sorted(p for p in prefixes if os.path.isdir(p))
+        self._hidden = list(cfg.hidden_paths) + ([str(_PROJECT_ROOT)] if cfg.hide_project else [])
 
     def _choose_isolation(self) -> bool:
         if self.cfg.isolation == "rlimits":
@@ -246,7 +249,7 @@ class Sandbox:
         if not self._use_ns:
             return [*self._limits(), *argv], None
         cwd_real = os.path.realpath(cwd)
-        hidden = [h for h in self.cfg.hidden_paths if not _under(cwd_real, h)]
+        hidden = [h for h in self._hidden if not _under(cwd_real, h)]
         exposed = [e for e in self._exposed if any(_under(e, h) for h in hidden)]
         fstab = self._root / f".fstab-{uuid.uuid4().hex}"
         fstab.write_text(_fstab(hidden, exposed, self.cfg.tmpfs_mb, cwd_real))

@@ -125,6 +125,10 @@ def test_cannot_read_or_write_outside_workdir(ns_sandbox, tmp_path):
         )
         r = _run(ns_sandbox, code, w)
     assert r.stdout.split("\n")[0] == "False"
+    repo = Path(__file__).resolve().parents[1]
+    with ns_sandbox.workdir() as w:
+        r2 = _run(ns_sandbox, f"import os; print(os.listdir({str(repo)!r}), os.path.exists({str(repo / 'envs' / 'base.py')!r}))", w)
+    assert r2.stdout.endswith(" False\n") and "'envs'" not in r2.stdout, r2
     assert "wrote" not in r.stdout and r.stdout.count("denied") == 3
     assert not Path("/etc/escape.txt").exists()
 
