@@ -205,6 +205,8 @@ class SweEpisode:
     def _run_tests(self, selector=None):
         selectors = ()
         if selector:
+            if selector.startswith("-"):
+                raise tools.PathError(f"selector {selector!r} must be a test path or id like 'tests/test_x.py::test_y', not an option")
             tools.confine(self.workdir, selector.split("::")[0])
             selectors = (selector,)
         res = self._pytest(self.workdir, selectors)

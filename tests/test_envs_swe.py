@@ -102,7 +102,9 @@ def test_bad_calls_become_failures(env):
         r = ep.execute(call("replace", path="calc/lexer.py", old="i += 1", new="i += 2"))
         assert r.status == "failure" and "occurs 4 times" in r.text
         r = ep.execute(call("run_tests", selector="../../etc"))
-        assert r.status == "failure"
+        assert r.status == "failure" and "may not contain '..'" in r.text
+        r = ep.execute(call("run_tests", selector="-p os"))
+        assert r.status == "failure" and "not an option" in r.text
         assert ep.score("I give up") == 0.0
     finally:
         ep.close()
