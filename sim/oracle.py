@@ -59,9 +59,11 @@ class OracleRouter:
         return moved
 
     def _best(self, num_tokens: int) -> int:
-        def finish(iid: int) -> tuple[float, int]:
+        def finish(iid: int) -> tuple[float, float, int]:
             thr, per_token = self.rate[iid]
-            return (max((self.load[iid] + num_tokens) / thr, num_tokens * per_token), iid)
+            queued = (self.load[iid] + num_tokens) / thr
+            # a long trajectory's latency bound ties on equal instances: the queue then decides
+            return (max(queued, num_tokens * per_token), queued, iid)
 
         return min(self.rate, key=finish)
 
