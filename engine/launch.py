@@ -39,7 +39,13 @@ from engine.devices import DeviceInfo
 
 log = logging.getLogger(__name__)
 
-PRELOAD = ["torch", "torch.distributed", "engine.control", "engine.groups", "engine.weights"]
+# Imported once by the forkserver so that every rank starts with them: importing a transformers
+# model class costs 6-8 s per process on 2 cores (PLATFORM.md). The forkserver outlives one
+# `spawn`, and only its first start reads this list, so it names everything any rank may need.
+PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.qwen2.modeling_qwen2",
+           "transformers.models.llama.modeling_llama", "engine.control", "engine.groups", "engine.weights",
+           "engine.models", "engine.rollout", "engine.trainer", "engine.tp", "engine.worker", "engine.coordinator",
+           "envs.registry"]
 
 
 class WorkerFailed(RuntimeError):
@@ -140,23 +146,38 @@ def spawn(
 
 
 def _wait(procs, out_q, observer: Mailbox) -> list[Any]:
+    """Results in rank order, or WorkerFailed for the root cause: a rank that died without a
+    report (SIGKILL, OOM) is named before the ranks that only failed because it was gone."""
     results: dict[int, Any] = {}
+    errors: list[tuple[int, str, str]] = []
     while len(results) < len(procs):
         ready = mp.connection.wait([out_q._reader] + [p.sentinel for p in procs], timeout=1.0)
         while not out_q.empty():
             rank, status, payload = out_q.get()
             if status == "error":
-                role, detail = payload
-                raise WorkerFailed(rank, role, detail)
-            results[rank] = payload
-        for rank, p in enumerate(procs):
-            if p.sentinel in ready and rank not in results and p.exitcode not in (None, 0):
-                time.sleep(0.2)  # its error report may still be in the pipe
-                if not out_q.empty():
-                    break
-                beat = observer.last_beat_and_role(rank)  # the role it last announced
-                role = beat[1] if beat and beat[1] else "unknown role"
-                raise WorkerFailed(rank, role, f"exited with code {p.exitcode} without a report (killed?)")
+                errors.append((rank, *payload))
+            else:
+                results[rank] = payload
+        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results
+                and all(r != e[0] for e in errors)]
+        if dead and not errors:
+            time.sleep(0.3)  # a dying rank's own report may still be in the pipe
+            if not out_q.empty():
+                continue
+        if dead:
+            rank = dead[0]
+            beat = observer.last_beat_and_role(rank)  # the role it last announced
+            role = beat[1] if beat and beat[1] else "unknown role"
+            also = f"; {len(errors)} other rank(s) failed after it" if errors else ""
+            raise WorkerFailed(rank, role, f"exited with code {procs[rank].exitcode} without a report (killed?){also}")
+        if errors:
+            time.sleep(0.3)  # give a killed peer's death time to show: it is the root cause
+            if any(p.exitcode not in (None, 0) and r not in results and all(r != e[0] for e in errors)
+                   for r, p in enumerate(procs)):
+                continue
+            rank, role, detail = errors[0]
+            raise WorkerFailed(rank, role, detail)
+        del ready
     return [results[r] for r in range(len(procs))]
 
 

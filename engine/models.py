@@ -70,11 +70,9 @@ def _tiny_tokenizer():
     return hf
 
 
-def build_tiny(seed: int = 0):
-    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _tiny_config(tokenizer):
+    from transformers import Qwen2Config
 
-    tokenizer = _tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -82,6 +80,15 @@ def build_tiny(seed: int = 0):
         bos_token_id=None, rope_theta=10000.0,
     )
     config._attn_implementation = "sdpa"
+    return config
+
+
+def build_tiny(seed: int = 0):
+    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
+    from transformers import Qwen2ForCausalLM
+
+    tokenizer = _tiny_tokenizer()
+    config = _tiny_config(tokenizer)
     gen = torch.random.fork_rng(devices=[])
     with gen:
         torch.manual_seed(seed)
@@ -189,7 +196,7 @@ def _resolve_dir(spec: str) -> Path:
 def load_config(spec: str):
     """The model's HF config without loading weights (placement needs heads and widths)."""
     if spec == "tiny":
-        return build_tiny(0)[0].config
+        return _tiny_config(_tiny_tokenizer())
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(_resolve_dir(spec))

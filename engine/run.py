@@ -135,7 +135,7 @@ def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: di
             parts.env.close()
     from engine.worker import worker_main
 
-    return worker_main(ctx, cfg, role_map, handoff)
+    return worker_main(ctx, cfg, role_map, handoff, out_dir)
 
 
 def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
@@ -157,7 +157,7 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         try:
             results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
                             threads_per_rank=cfg.launch.threads_per_rank, start_method=cfg.launch.start_method,
-                            timeout_s=cfg.launch.timeout_s, preload=PRELOAD)
+                            timeout_s=cfg.launch.timeout_s)
         except WorkerFailed as exc:
             log.error("[libra] %s", exc)
             return 1
@@ -169,10 +169,6 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
     RunWriter(out_dir).summary(summary)
     print_summary(summary, out_dir)
     return 0
-
-
-PRELOAD = ["torch", "torch.distributed", "engine.control", "engine.groups", "engine.weights", "engine.worker",
-           "engine.coordinator", "transformers"]
 
 
 def print_summary(s: dict, out_dir: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+import json
 import logging
 import os
 import resource
@@ -128,6 +129,7 @@ class Worker:
         self.version = 0
         self._last_beat = 0.0
         self.stats = {"engine_steps": 0, "busy_s": 0.0}
+        self.rank_file: Path | None = None
 
     # ---- roles ----------------------------------------------------------------------------------
     def role(self) -> str:
@@ -150,6 +152,10 @@ class Worker:
         self._setup_rollout(role_map)
         self.ctx.set_role(self.role())
         self.mailbox.beat(self.role())
+        if self.rank_file is not None:  # who is who, for people and fault tests: pid and role per rank
+            self.rank_file.parent.mkdir(parents=True, exist_ok=True)
+            self.rank_file.write_text(json.dumps({"rank": self.ctx.rank, "pid": os.getpid(), "role": self.role(),
+                                                  "trainer": self.trainer is not None, "rollout": self.instance is not None}))
 
     def _setup_trainer(self, role_map, handoff: str | None) -> None:
         if self.idx not in role_map.trainer_ranks:
@@ -353,9 +359,11 @@ class Worker:
             self.mailbox.send(COORD, ("saved", path))
 
 
-def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None) -> dict:
+def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None, out_dir: str | None = None) -> dict:
     from engine.devices import set_rank_device
 
     device = set_rank_device(ctx.device_info, ctx.local_rank - 1 if ctx.local_rank else 0, threads=cfg.launch.threads_per_rank)
     ctx.set_role(f"worker:{ctx.rank - 1}")
-    return Worker(ctx, cfg, device).run(role_map, handoff)
+    worker = Worker(ctx, cfg, device)
+    worker.rank_file = Path(out_dir) / "ranks" / f"rank{ctx.rank}.json" if out_dir else None
+    return worker.run(role_map, handoff)

@@ -1,0 +1,148 @@
+"""End to end on CPU with the tiny model: every system on every bench, migrations, role changes,
+the ledger, resume after SIGKILL, and rank faults.
+
+Runs go through `libra.main` in this process where possible (the forkserver, once warm, makes a
+run cost seconds), and through a `python libra.py` subprocess where the test kills things.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import libra
+from runlog import METRIC_FIELDS, SUMMARY_FIELDS, read_metrics
+from scheduler.systems import SYSTEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--model", "tiny", "--device", "cpu", "--nproc", "4", "--step.prompts-per-step", "2",
+         "--step.samples-per-prompt", "2", "--rollout.max-new-tokens-per-turn", "12", "--rollout.max-turns", "2",
+         "--rollout.progress-every-tokens", "4", "--num-tasks", "8"]
+REAL_SYSTEMS = [name for name, spec in SYSTEMS.items() if not spec.sim_only]
+
+
+def run_libra(tmp_path: Path, *args: str) -> tuple[dict, list[dict]]:
+    out = tmp_path / "run"
+    rc = libra.main([*SMALL, "--out", str(out), *args])
+    assert rc == 0, f"libra exited {rc}"
+    return json.loads((out / "summary.json").read_text()), read_metrics(out)
+
+
+def check_outputs(summary: dict, metrics: list[dict], steps: int) -> None:
+    assert summary["mode"] == "real" and summary["steps"] == steps
+    assert all(k in summary for k in SUMMARY_FIELDS)
+    assert all(all(k in row for k in METRIC_FIELDS) for row in metrics)
+    ledger = summary["ledger"]
+    assert ledger["started"] == ledger["trained"] + sum(ledger["dropped"].values())
+    assert ledger["trained"] > 0
+
+
+@pytest.mark.parametrize("bench", ["swe", "search", "math"])
+@pytest.mark.parametrize("system", REAL_SYSTEMS)
+def test_every_system_runs_three_steps_on_every_bench(tmp_path, system, bench):
+    summary, metrics = run_libra(tmp_path, "--bench", bench, "--system", system, "--steps", "3")
+    check_outputs(summary, metrics, 3)
+    assert summary["system"] == system and summary["bench"] == bench
+    assert max(row["staleness_max"] for row in metrics) <= 1
+
+
+def test_libra_migrates_and_moves_ranks(tmp_path):
+    # short bucket just above the prompt: trajectories outgrow it (demotion) and migrate; a tight
+    # ratio band and no minimum gain make the planner re-plan at the first step boundary
+    summary, metrics = run_libra(
+        tmp_path, "--bench", "swe", "--system", "libra", "--steps", "3", "--rollout.max-new-tokens-per-turn", "40",
+        "--router.bucket-max-tokens", "1500,1800", "--planner.ratio-band", "0.99,1.01", "--planner.min-gain-ratio", "0",
+        "--planner.interval-steps", "1")
+    check_outputs(summary, metrics, 3)
+    assert summary["migrations"] >= 1
+    assert summary["role_map_changes"] >= 1
+    assert len({row["role_map_desc"] for row in metrics}) >= 2
+    out = tmp_path / "run"
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e["name"].startswith("reconfigure") for e in trace["traceEvents"])
+    sample = [json.loads(x) for x in (out / "trajectories_sample.jsonl").read_text().splitlines()]
+    assert sample and all("completion" in s for s in sample)
+
+
+def _spawn(out: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search", "--out", str(out), *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _wait_until(pred, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert proc.poll() is None, f"libra exited early ({proc.returncode}):\n{proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.2)
+
+
+def _survivors(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _tree(proc: subprocess.Popen) -> list[int]:
+    return [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+
+
+def _metric_rows(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_trains_the_same_tasks(tmp_path):
+    common = ("--steps", "6", "--system", "static", "--step.checkpoint-every", "1")
+    ref = tmp_path / "ref"
+    proc = _spawn(ref, *common)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()[-3000:]
+    expected = json.loads((ref / "summary.json").read_text())["trained_task_ids"]
+
+    out = tmp_path / "killed"
+    proc = _spawn(out, *common)
+    _wait_until(lambda: (out / "ckpt" / "step-000003" / "COMPLETE").exists(), 240, proc)
+    pids = _tree(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    time.sleep(1.0)
+    assert _survivors(pids) == []
+    resumed = subprocess.run([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search", *common,
+                              "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    got = json.loads((out / "summary.json").read_text())["trained_task_ids"]
+    assert got == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["rollout", "trainer"])
+def test_killed_rank_ends_the_run_with_the_rank_named(tmp_path, role):
+    out = tmp_path / "run"
+    proc = _spawn(out, "--steps", "50", "--system", "static")
+    _wait_until(lambda: _metric_rows(out) >= 1, 240, proc)
+    victim = next(json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank*.json"))
+                  if json.loads(p.read_text())[role])
+    pids = _tree(proc)
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    rc = proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 30
+    text = proc.stdout.read()
+    assert rc != 0
+    assert f"rank {victim['rank']} ({role}" in text, text[-2000:]
+    time.sleep(1.0)
+    assert _survivors(pids) == []
