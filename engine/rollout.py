@@ -6,8 +6,9 @@ Algorithm, one `step()`:
   2. Collect finished tool calls without blocking: record outcomes (`ToolReturned`), append
      the tool-response template tokens (mask 0) and queue the sequence to re-join; a result
      with `done` (or a `ToolInfraError`) ends it. Collect finished scorings (`Finished`).
-  3. Join: prefill only the not-yet-cached tokens of each queued sequence (alone, on its own
-     parked KV), sample its next token, admit it into the batched cache (up to `max_batch`).
+  3. Join: prefill only the not-yet-cached tokens of the queued sequences (one padded batch on
+     their parked KV), sample their next tokens, admit them into the batched cache (up to
+     `max_batch`).
   4. One batched decode step for the running rows; sample; a row whose turn ends (eos,
      `</tool_call>`, per-turn / total limits) leaves the batch: with a tool call it parks its
      KV and its calls run on the thread pool; otherwise it is scored on the pool and dropped.
@@ -255,12 +256,14 @@ class RolloutEngine:
         self.ready.append(rid)
 
     def _join(self, events: list) -> None:
+        room = self.cfg.max_batch - len(self.runner.rows)
+        rids = [self.ready.popleft() for _ in range(min(room, len(self.ready)))]
+        if not rids:
+            return
+        seqs = [self.seqs[r] for r in rids]
+        logits = self.runner.prefill(rids, [s.ids[self.runner.cached_len(r):] for r, s in zip(rids, seqs)])
         admitted = []
-        while self.ready and len(self.runner.rows) + len(admitted) < self.cfg.max_batch:
-            rid = self.ready.popleft()
-            seq = self.seqs[rid]
-            logits = self.runner.prefill(rid, seq.ids[self.runner.cached_len(rid):])
-            token, logprob = self._sample(logits[None], [seq])[0]
+        for rid, seq, (token, logprob) in zip(rids, seqs, self._sample(logits, seqs)):
             if self._advance(seq, token, logprob, events):
                 admitted.append(rid)
             elif seq.phase != "tool":

@@ -4,8 +4,9 @@ Algorithm:
   1. Rows of the running batch share one `DynamicCache`, left-padded: row i holds its
      `lens[i]` valid columns as the suffix, so position ids are simply `lens[i]` and a row's
      KV is `keys[i, :, L - lens[i]:]`.
-  2. `prefill(rid, ids)` runs the new tokens of one request alone (batch 1, no padding) on top
-     of its parked KV, and parks the result; `admit(rids)` left-pads parked rows to the batch
+  2. `prefill(rids, ids)` runs the new tokens of the joining requests as one batch on top of
+     their parked KV (padding before the KV and before the new tokens, both masked), and parks
+     each row compacted; `admit(rids)` left-pads parked rows to the batch
      length and concatenates them; `park(rids)` slices rows out (the tool wait keeps their KV)
      and trims columns no row needs any more; `decode(tokens)` feeds one token per row.
   3. Tensor parallel: every op is a pure function of its arguments. The leader broadcasts each
@@ -68,9 +69,10 @@ class BatchRunner:
             getattr(self, "_" + op[0])(*op[1:])
 
     # ---- public ops (leader) ------------------------------------------------------------
-    def prefill(self, rid: str, new_ids: list[int]) -> torch.Tensor:
-        self._send(("prefill", rid, new_ids))
-        return self._prefill(rid, new_ids)
+    def prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
+        """Prefill the uncached tokens of several requests at once; logits [len(rids), vocab]."""
+        self._send(("prefill", rids, new_lists))
+        return self._prefill(rids, new_lists)
 
     def admit(self, rids: list[str]) -> None:
         self._send(("admit", rids))
@@ -100,15 +102,39 @@ class BatchRunner:
 
     # ---- implementations (all ranks) ----------------------------------------------------
     @torch.no_grad()
-    def _prefill(self, rid: str, new_ids: list[int]) -> torch.Tensor:
-        past, n_past = self.parked.pop(rid, (None, 0))
-        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
-        ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
-        pos = torch.arange(n_past, n_past + len(new_ids), device=self.device)[None]
-        mask = torch.ones(1, n_past + len(new_ids), dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
-        self.parked[rid] = ([(lay.keys, lay.values) for lay in cache.layers], n_past + len(new_ids))
-        return out.logits[0, -1].float()
+    def _prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
+        # layout per row: [pad][parked KV][pad][new tokens]; the mask hides both pads and
+        # explicit positions keep RoPE exact, then each row is compacted back to its valid columns
+        pasts = [self.parked.pop(r, (None, 0)) for r in rids]
+        width_past, width_new = max(n for _, n in pasts), max(map(len, new_lists))
+        cache = DynamicCache(ddp_cache_data=self._stack_left(pasts, width_past)) if width_past else DynamicCache()
+        mask = torch.zeros(len(rids), width_past + width_new, dtype=torch.long)
+        ids = torch.zeros(len(rids), width_new, dtype=torch.long)
+        pos = torch.zeros(len(rids), width_new, dtype=torch.long)
+        for i, ((_, n), new) in enumerate(zip(pasts, new_lists)):
+            mask[i, width_past - n : width_past] = 1
+            mask[i, width_past + width_new - len(new) :] = 1
+            ids[i, width_new - len(new) :] = torch.tensor(new)
+            pos[i, width_new - len(new) :] = torch.arange(n, n + len(new))
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
+                         cache=cache, use_cache=True, logits_to_keep=1)
+        for i, rid in enumerate(rids):
+            cols = mask[i].nonzero()[:, 0].to(self.device)
+            self.parked[rid] = ([(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers], len(cols))
+        return out.logits[:, -1].float()
+
+    @staticmethod
+    def _stack_left(parts, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ref = next(kv for kv, n in parts if n)
+        layers = []
+        for li, (k0, v0) in enumerate(ref):
+            ks, vs = [], []
+            for kv, n in parts:
+                k, v = kv[li] if n else (k0[:, :, :0], v0[:, :, :0])
+                ks.append(F.pad(k, (0, 0, width - n, 0)))
+                vs.append(F.pad(v, (0, 0, width - n, 0)))
+            layers.append((torch.cat(ks), torch.cat(vs)))
+        return layers
 
     def _admit(self, rids: list[str]) -> None:
         parts = [self.parked.pop(r) for r in rids]
