@@ -31,6 +31,8 @@ from scheduler.systems import SYSTEMS
 from engine.trainer import TrainerConfig
 
 BENCHES = ("swe", "search", "math", "toy")
+# Fields set from another section so the two can never disagree; they get no flag of their own.
+DERIVED = {"trainer.max_staleness": "step.max_staleness", "trainer.temperature": "rollout.temperature"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         cls = typing.get_type_hints(LibraConfig)[section.name]
         group = p.add_argument_group(section.name)
         for path, f, tp in _fields(cls, ""):
+            if f"{section.name}.{path}" in DERIVED:
+                continue
             flag = _flag(path) if section.name == "run" else _flag(f"{section.name}.{path}")
             kind = "store_true" if section.name == "run" and tp is bool else None
             help_text = _help_of(cls, f.name) if "." not in path else ""
@@ -246,7 +250,14 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
             cfg = _replace_path(cfg, key.split("."), value)
         except ValueError as exc:
             raise ValueError(f"{_flag(key)} {value!r}: {exc}") from None
-    return cfg
+    return _derive(cfg)
+
+
+def _derive(cfg: LibraConfig) -> LibraConfig:
+    """The trainer drops what the coordinator would call stale, and scores log-probs at the rollout's temperature."""
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, max_staleness=cfg.step.max_staleness, temperature=temperature))
 
 
 def load_config(path: Path) -> LibraConfig:

@@ -1,0 +1,68 @@
+"""Config: flags generated from the dataclasses, presets, validation messages, round trip."""
+
+import dataclasses
+
+import pytest
+
+from config import DERIVED, LibraConfig, RunConfig, build_parser, load_config, parse_args
+
+
+def test_every_field_has_a_flag():
+    flags = {a.dest for a in build_parser()._actions}
+    for section in dataclasses.fields(LibraConfig):
+        sub = getattr(LibraConfig(), section.name)
+        for f in dataclasses.fields(sub):
+            if dataclasses.is_dataclass(getattr(sub, f.name)) or f"{section.name}.{f.name}" in DERIVED:
+                continue
+            assert f"{section.name}.{f.name}" in flags, f"no flag for {section.name}.{f.name}"
+
+
+def test_flags_override_the_cpu_preset():
+    cfg = parse_args(["--bench", "math", "--steps", "7", "--rollout.max-turns", "3", "--router.bucket-max-tokens",
+                      "100,200", "--trainer.normalize-std", "false"], device_kind_of=lambda d: "cpu")
+    assert cfg.run.bench == "math" and cfg.run.steps == 7
+    assert cfg.rollout.max_turns == 3
+    assert cfg.router.bucket_max_tokens == (100, 200)
+    assert cfg.trainer.normalize_std is False
+    assert cfg.rollout.max_new_tokens_per_turn == 96  # from the CPU preset
+
+
+def test_derived_fields_follow_their_source():
+    cfg = parse_args(["--step.max-staleness", "2", "--rollout.temperature", "0.7"], device_kind_of=lambda d: "cpu")
+    assert (cfg.trainer.max_staleness, cfg.trainer.temperature) == (2, 0.7)
+    assert "--trainer.max-staleness" not in build_parser().format_help()
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = parse_args(["--bench", "search", "--planner.ratio-band", "0.9,1.1"], device_kind_of=lambda d: "cpu")
+    cfg.write(tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == cfg
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bench", "chess"], r"--bench 'chess' is not one of \('swe', 'search', 'math', 'toy'\)"),
+    (["--system", "fast"], r"--system 'fast' is not one of"),
+    (["--nproc", "1"], r"--nproc 1: Libra needs >= 2 worker ranks"),
+    (["--steps", "0"], r"--steps 0 must be >= 1"),
+    (["--step.samples-per-prompt", "1"], r"--step.samples-per-prompt 1 >= 2 \(GRPO compares samples within a group\)"),
+    (["--sync.bucket-size-mb", "0"], r"--sync.bucket-size-mb 0.0 must be > 0"),
+    (["--launch.start-method", "fork"], r"must be forkserver or spawn"),
+    (["--rollout.top-p", "0"], r"--rollout.top-p 0.0: RolloutConfig.top_p=0.0 must be in \(0, 1\]"),
+    (["--router.bucket-max-tokens", "200,100"], r"bucket_max_tokens=\(200, 100\) must be positive and strictly increasing"),
+])
+def test_bad_values_name_the_flag_and_the_fix(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_args(argv, device_kind_of=lambda d: "cpu")
+
+
+def test_libra_main_reports_config_errors_with_exit_code_2(capsys):
+    import libra
+
+    assert libra.main(["--bench", "chess"]) == 2
+
+
+def test_run_config_is_keyword_only_and_frozen():
+    with pytest.raises(TypeError):
+        RunConfig("swe")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RunConfig().steps = 3
