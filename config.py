@@ -50,14 +50,16 @@ class RunConfig:
     data: str = ""  # local parquet/jsonl in the verl row schema instead of the generated tasks
     sim: bool = False  # run the cluster simulator instead of real ranks
     compare: bool = False  # run every system on the same tasks and seed, write compare.json/png
+    compare_systems: tuple[str, ...] = ()  # systems for --compare (comma-separated); empty = all real systems
     plan_only: bool = False  # print the placement (ranks, roles, buckets, devices) and exit
     resume: str = ""  # run directory to resume from its newest complete checkpoint
 
     def __post_init__(self):
         if self.bench not in BENCHES:
             raise ValueError(f"--bench {self.bench!r} is not one of {BENCHES}")
-        if self.system not in SYSTEMS:
-            raise ValueError(f"--system {self.system!r} is not one of {sorted(SYSTEMS)}")
+        for name in (self.system, *self.compare_systems):
+            if name not in SYSTEMS:
+                raise ValueError(f"--system {name!r} is not one of {sorted(SYSTEMS)}")
         if self.device not in ("auto", "cpu", "cuda", "npu"):
             raise ValueError(f"--device {self.device!r} is not one of auto, cpu, cuda, npu")
         if self.nproc < 0 or self.nproc == 1:

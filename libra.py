@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(argv, device_kind_of=_device_kind)
         if cfg.run.sim:
             return _simulate(cfg)
-        from engine.run import plan_placement, placement_table, run
+        from engine.run import plan_placement, placement_table, run, run_compare
 
         info, role_map = plan_placement(cfg)
+        if cfg.run.compare:
+            return run_compare(cfg, info, _run_dir(cfg))
         if cfg.run.plan_only:
             print(placement_table(role_map, info, cfg))
             return 0

@@ -12,6 +12,7 @@ ends the run non-zero with its rank and role named.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import resource
@@ -21,7 +22,7 @@ from pathlib import Path
 from engine import checkpoint
 from engine.devices import DeviceInfo, detect
 from engine.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
-from runlog import RunWriter
+from runlog import RunWriter, read_metrics
 from scheduler.layout import RoleMap
 
 log = logging.getLogger("libra")
@@ -168,6 +169,42 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
     summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
     RunWriter(out_dir).summary(summary)
     print_summary(summary, out_dir)
+    return 0
+
+
+def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
+    """Every system on the same tasks and seed, one after the other; compare.json + compare.png.
+
+    Shares the table, ratios and plot with the simulator's compare (`sim/report.py`,
+    `sim/plot.py`), so a real and a simulated comparison read the same way.
+    """
+    from scheduler.systems import SYSTEMS
+    from sim.plot import plot_compare
+    from sim.report import add_ratios, format_table
+
+    names = list(cfg.run.compare_systems) or [n for n, spec in SYSTEMS.items() if not spec.sim_only]
+    results = {}
+    for name in names:
+        sub = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, system=name, compare=False))
+        _, role_map = plan_placement(sub)
+        rc = run(sub, info, role_map, out_dir / name)
+        if rc != 0:
+            raise RuntimeError(f"--compare: system {name} failed (exit {rc}); its logs and outputs are in {out_dir / name}")
+        results[name] = json.loads((out_dir / name / "summary.json").read_text())
+        results[name]["reward_curve"] = [[m["time_s"], m["reward_mean"]] for m in read_metrics(out_dir / name)]
+    best = max(s["reward_last"] or 0.0 for s in results.values())
+    target = best / 2 if best > 0 else None
+    for s in results.values():
+        s["reward_target"] = target
+        s["time_to_target_s"] = next((t for t, r in s["reward_curve"] if target is not None and r >= target), None)
+    compare = {"bench": cfg.run.bench, "mode": "real", "systems": results,
+               "setup": f"model={cfg.run.model} workers={role_map.world_size} steps={cfg.run.steps} seed={cfg.run.seed}",
+               "note": "measured on this machine; reward target = half the best final reward of the compared systems"}
+    add_ratios(compare["systems"])
+    (out_dir / "compare.json").write_text(json.dumps(compare, indent=2))
+    plot_compare(compare, out_dir / "compare.png")
+    print(format_table(compare))
+    print(f"wrote {out_dir / 'compare.json'} and {out_dir / 'compare.png'}")
     return 0
 
 
