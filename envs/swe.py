@@ -96,7 +96,8 @@ def issue_text(record: dict, level: int) -> str:
     if level == 0:
         return (f"Bug in the `{project}` package. In `{file}` line {record['bug_line']}, this code is wrong:\n"
                 f"```\n{record['patch_old']}\n```\nIt should be:\n```\n{record['patch_new']}\n```\n"
-                f"Fix it with the `replace` tool (path `{file}`, old = the wrong code, new = the right code), then call `submit`.")
+                f"Fix it with this call, then call `submit`:\n"
+                f"{_call('replace', path=file, old=record['patch_old'], new=record['patch_new'])}")
     if level == 1:
         where = f"function `{m['function']}`" if m["function"] else "module-level code"
         return (f"Bug in the `{project}` package: the {where} in `{file}` is wrong. "

@@ -55,6 +55,8 @@ def test_issue_text_per_level(env):
     user = task.messages[1]["content"]
     assert f"In `{m['file']}` line {m['bug_line']}" in user
     assert f"```\n{a['patch_old']}\n```" in user and f"```\n{a['patch_new']}\n```" in user
+    (shown,) = parse_tool_calls(user)
+    assert shown.name == "replace" and shown.arguments == {"path": m["file"], "old": a["patch_old"], "new": a["patch_new"]}
     record = {"mutation": a["mutation"], "patch_old": "x", "patch_new": "y", "bug_line": 3,
               "failing_tests": ["tests/t.py::test_a", "tests/t.py::test_b"], "failing_docs": ["A holds.", "B holds."]}
     assert "A holds." in swe.issue_text(record, 1) and a["mutation"]["file"] in swe.issue_text(record, 1)
