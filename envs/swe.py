@@ -4,8 +4,9 @@ Algorithm:
   1. Tasks come from the committed index `envs/swe_tasks/index_seed0.json` (AST-mutation bugs
      verified against each project's pytest suite; see `envs/swe_mutate.py`), ordered by a
      shuffle with the env's `seed`, each rendered as an issue at a difficulty level: 0 = file,
-     line and the exact wrong/right text; 1 = file and function plus the symptom; 2 = the failing
-     test named; 3 = only the broken behaviour described. `level=None` cycles 0,1,2,3.
+     line, the exact wrong/right text and the replace call to make (a 135M policy can copy it);
+     1 = file and function plus the symptom; 2 = the failing test named; 3 = only the broken
+     behaviour described. `level=None` cycles 0,1,2,3.
      Rows of a verl-schema parquet/jsonl (`data_path`) are loaded instead when given.
   2. `start(task)`: a sandbox work dir with the project copied in and the mutant written over
      its module. Tools: view_file, search, replace, run_tests (pytest in the sandbox, a
