@@ -1,18 +1,20 @@
 """Trainer throughput: tokens/s of `Trainer.train_step`, one rank vs FSDP2 over two ranks.
 
 For each model (tiny, smollm2) and each rank count (1, 2) the benchmark spawns that many gloo
-ranks on CPU, with the cores split evenly between them (1 rank x 2 threads vs 2 ranks x 1
-thread on a 2-core box, so both configurations use the same hardware). Every rank trains on
+ranks on CPU with `--threads-per-rank` threads each (default 1, so the ratio reads as the
+scaling from one core to two; on a loaded 2-core box one rank with 2 OpenMP threads measured
+~5x slower than 2 ranks x 1 thread, which says more about OpenMP spinning under contention
+than about FSDP2). Every rank trains on
 the same synthetic batch of GRPO groups (random token ids, half prompt, alternating rewards),
 one warm-up step, then `--steps` timed steps; tokens/s counts every token of the batch
 (prompt included, that is what the forward pays for) over the slowest rank's time.
 
 Prints a table and, last, `trainer_fsdp2_vs_1: R`: tokens/s with 2 FSDP2 ranks over 1 rank for
-the last model benchmarked (smollm2 by default). On CPU, FSDP2 pays all-gathers and
-reduce-scatters over gloo for no extra compute, so R < 1 is expected here; on accelerators
-each rank brings its own device.
+the last model benchmarked (smollm2 by default); 2.0 is perfect scaling, the gap is the gloo
+all-gathers and reduce-scatters plus the cores other processes take.
 
     python -m bench.trainer [--models tiny,smollm2] [--steps 2] [--num-trajectories 8] [--seq-len 128]
+                            [--threads-per-rank 1]
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def measure(model_spec: str, num_ranks: int, args) -> dict:
     cores = os.cpu_count() or 1
     results = spawn(
         _rank_main, num_ranks, (model_spec, num_ranks, args.steps, args.num_trajectories, args.seq_len, args.micro_batch_tokens),
-        device_info=DeviceInfo("cpu", cores), threads_per_rank=max(1, cores // num_ranks), timeout_s=args.timeout_s,
+        device_info=DeviceInfo("cpu", cores), threads_per_rank=args.threads_per_rank, timeout_s=args.timeout_s,
         preload=PRELOAD + ["engine.trainer", "engine.models"],
     )
     slowest = max(r["elapsed_s"] for r in results)
@@ -83,6 +85,7 @@ def main() -> None:
     parser.add_argument("--num-trajectories", type=int, default=8, help="trajectories per step (groups of 4)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per trajectory, half of them prompt")
     parser.add_argument("--micro-batch-tokens", type=int, default=512, help="padded tokens per forward/backward")
+    parser.add_argument("--threads-per-rank", type=int, default=1, help="torch threads in each rank")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per configuration")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,7 +101,7 @@ def main() -> None:
     for spec, params, n, tps, secs, loss, rel in rows:
         print(f"{spec:<10} {params:>11,} {n:>5} {tps:>10.1f} {secs:>8.2f} {loss:>9.4f} {rel:>9.2f}")
     print(f"batch: {args.num_trajectories} trajectories x {args.seq_len} tokens, {args.steps} timed steps, "
-          f"micro_batch_tokens={args.micro_batch_tokens}, {os.cpu_count()} cores split across ranks")
+          f"micro_batch_tokens={args.micro_batch_tokens}, {args.threads_per_rank} thread(s) per rank, {os.cpu_count()} cores")
     print(f"trainer_fsdp2_vs_1: {ratio:.2f}")
 
 

@@ -311,7 +311,11 @@ class Trainer:
     # ---- weights and checkpoints -------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full unsharded weights on every trainer rank, same names as `model.state_dict()`."""
+        """Full unsharded weights on every trainer rank, same names as `model.state_dict()`.
+
+        Unsharded (one rank) these are the live tensors, detached: copy them before the next
+        `train_step` if they must stay as they are now.
+        """
         if not self.sharded:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

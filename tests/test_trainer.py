@@ -106,13 +106,15 @@ def test_step_changes_parameters_and_reports_metrics():
     assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
 
 
-def test_micro_batching_does_not_change_the_update():
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batching_does_not_change_the_update(aggregation):
     trajs = make_trajs(seed=3)
+    trajs[5].loss_mask = [0] * trajs[5].num_tokens  # a sequence without model tokens must not dilute
     results = []
     for budget in (4096, 24):
         # A large Adam eps makes the first update linear in the gradient instead of ~sign(grad),
         # which would turn float-order noise on near-zero gradients into lr-sized differences.
-        trainer = tiny_trainer(micro_batch_tokens=budget, adam_eps=1.0)
+        trainer = tiny_trainer(micro_batch_tokens=budget, adam_eps=1.0, aggregation=aggregation)
         metrics = trainer.train_step(trajs, 0)
         results.append((metrics, params(trainer)))
     (m_big, p_big), (m_small, p_small) = results
@@ -183,3 +185,33 @@ def test_checkpoint_round_trip_resumes_identically():
     b.train_step(make_trajs(seed=1), 1)
     pa, pb = params(a), params(b)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+# ---- the whole step by hand -------------------------------------------------------------------
+
+class BiasLM(torch.nn.Module):
+    """A hand-checkable policy: the same learnable logits over a 2-token vocabulary everywhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        return type("Out", (), {"logits": self.table.expand(*input_ids.shape, 2)})()
+
+
+def test_one_step_by_hand():
+    # group rewards [1, 0] -> advantages +-0.5 / std([1, 0]) = +-1/sqrt(2); every ratio is 1.
+    # d logp(1)/d table = [-1/2, 1/2], d logp(0)/d table = [1/2, -1/2]; token-mean over 4 tokens:
+    # grad = (-a * 2 * [-1/2, 1/2] + a * 2 * [1/2, -1/2]) / 4 = [a/2, -a/2], norm 1/2.
+    half = math.log(0.5)
+    trajs = [Trajectory(request_id=f"r{i}", task_id="t", group_id="g", prompt_len=1, token_ids=[0, tok, tok],
+                        loss_mask=[0, 1, 1], logprobs=[0.0, half, half], versions=[-1, 0, 0], reward=1.0 - i)
+             for i, tok in enumerate((1, 0))]
+    model = BiasLM()
+    metrics = Trainer(model, TrainerConfig(lr=0.1, grad_clip=10.0)).train_step(trajs, 0)
+    assert metrics["train/loss"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["train/grad_norm"] == pytest.approx(0.5, abs=1e-6)
+    assert metrics["train/adv_abs_mean"] == pytest.approx(1 / math.sqrt(2), abs=1e-5)
+    # Adam's first step moves each weight by lr * sign(grad): the rewarded token 1 goes up.
+    assert model.table.tolist() == pytest.approx([-0.1, 0.1], abs=1e-6)
