@@ -242,9 +242,17 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
     """Flags -> LibraConfig: run flags first, then the preset for the device, then the rest."""
     ns = vars(build_parser().parse_args(argv))
     run_kw = {k.split(".", 1)[1]: v for k, v in ns.items() if k.startswith("run.")}
-    run = RunConfig(**run_kw)
-    kind = device_kind_of(run.device) if device_kind_of else ("cpu" if run.device in ("auto", "cpu") else run.device)
-    cfg = preset_for(run, kind)
+    if run_kw.get("resume"):  # the resumed run's own config, with only the flags given now on top
+        path = Path(run_kw["resume"]) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume {run_kw['resume']}: no config.json there; pass the directory of a previous run")
+        saved = load_config(path)
+        run = dataclasses.replace(saved.run, **run_kw)
+        cfg = dataclasses.replace(saved, run=run)
+    else:
+        run = RunConfig(**run_kw)
+        kind = device_kind_of(run.device) if device_kind_of else ("cpu" if run.device in ("auto", "cpu") else run.device)
+        cfg = preset_for(run, kind)
     for key, value in ns.items():
         if key.startswith("run."):
             continue

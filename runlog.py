@@ -57,6 +57,16 @@ class RunWriter:
     def sample(self, row: dict) -> None:
         self._append("trajectories_sample.jsonl", row)
 
+    def truncate_to_step(self, step: int) -> list[dict]:
+        """Resume: drop what a killed run wrote after its checkpoint (steps > `step`); return the kept rows."""
+        kept = [m for m in read_metrics(self.dir) if m["step"] <= step] if (self.dir / "metrics.jsonl").exists() else []
+        (self.dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kept))
+        trajs = self.dir / "trajectories.jsonl"
+        if trajs.exists():  # its "step" is the 0-based index of the step that trained it
+            rows = [x for x in trajs.read_text().splitlines() if x.strip() and json.loads(x)["step"] < step]
+            trajs.write_text("".join(r + "\n" for r in rows))
+        return kept
+
     def summary(self, summary: dict) -> None:
         missing = [k for k in SUMMARY_FIELDS if k not in summary]
         assert not missing, f"summary lacks {missing}"

@@ -101,6 +101,10 @@ class Coordinator:
         self.step_rewards: list[float] = []
         self.metrics: list[dict] = []
         self.prompt_cache: dict[str, list[int]] = {}
+        self.leaving: set[int] = set()  # instances being drained for a role-map change
+        if resume:
+            self.ledger.trained_order = list(resume["trained_task_ids"])
+            self.metrics = self.writer.truncate_to_step(resume["step"])
 
     # ---- time & messages ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -166,10 +170,11 @@ class Coordinator:
             self.admitted += 1
 
     def task_for(self, step: int, j: int):
-        order = list(range(len(self.tasks)))
-        random.Random(self.cfg.run.seed + step // max(1, len(self.tasks))).shuffle(order)
-        idx = step * self.cfg.step.prompts_per_step + j
-        return self.tasks[order[idx % len(self.tasks)]]
+        """Task j of step s: a seeded shuffle per pass over the tasks, so (seed, s, j) fixes it (resume)."""
+        idx, n = step * self.cfg.step.prompts_per_step + j, len(self.tasks)
+        order = list(range(n))
+        random.Random(self.cfg.run.seed * 100_003 + idx // n).shuffle(order)
+        return self.tasks[order[idx % n]]
 
     def _admit_step(self, s: int) -> None:
         st = self.steps[s] = _Step(index=s, admitted_s=self.now())
@@ -228,7 +233,8 @@ class Coordinator:
                 decision = self.router.on_tool_return(req.rid, ev.outcome, ev.tokens_so_far, now)
             else:
                 decision = self.router.on_decode(req.rid, ev.tokens_so_far, now)
-            if decision.migrate and decision.instance_id != req.instance_id:
+            moving = decision.migrate and decision.instance_id != req.instance_id
+            if moving or req.instance_id in self.leaving:  # leaving: its instance goes away at this boundary
                 self._export(req)
 
     def _export(self, req: _Req) -> None:
@@ -364,12 +370,11 @@ class Coordinator:
         for req in list(self.reqs.values()):
             if req.instance_id in leaving and not req.migrating:
                 self._export(req)
-        # requests waiting on a tool refuse export: they are exported when their tool returns
+        # requests waiting on a tool refuse export: `_on_events` exports them when their tool returns
+        self.leaving = leaving
         while any(r.instance_id in leaving and r.rid not in self.parked for r in self.reqs.values()):
             self.pump()
-            for req in self.reqs.values():
-                if req.instance_id in leaving and not req.migrating and req.rid not in self.parked:
-                    self._export(req)
+        self.leaving = set()
         handoff = None
         if new.trainer_ranks != self.role_map.trainer_ranks:
             handoff = str(self.out / "handoff" / f"v{new.version}")

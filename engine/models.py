@@ -153,7 +153,9 @@ def smollm2_dir() -> Path:
 
 def _load_dir(path: Path, *, device, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per rank per load drowns the step lines
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if tokenizer.pad_token_id is None:
