@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-KNOWN_HARDWARE = ("a800", "a100", "h100", "h200", "910b3", "cpu")
-KNOWN_MODELS = ("qwen3-4b", "qwen3-14b", "qwen3-30b-a3b", "qwen2.5-7b", "smollm2-135m", "tiny")
+from scheduler.costmodel import HARDWARE, MODELS
+
+KNOWN_HARDWARE = tuple(HARDWARE)
+KNOWN_MODELS = tuple(MODELS)
 
 
 @dataclass(frozen=True, kw_only=True)

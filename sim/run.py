@@ -23,21 +23,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scheduler import systems as sysmod
+from scheduler.costmodel import get_cost_model
 from scheduler.layout import RoleMap
+from scheduler.planner import PlannerConfig
+from scheduler.prefix_tree import PrefixTreeConfig
+from scheduler.routers import RouterConfig
+from scheduler.systems import SYSTEMS
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.oracle import OracleRouter
 from sim.report import add_ratios, format_table, metrics_rows, summarize
 from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
-from sim.trace import write_trajectories
+from sim.trace import TraceWorkload, write_trajectories
 from sim.workload import PROFILES, SyntheticWorkload, get_profile
 
 __all__ = ["simulate", "compare", "format_table", "all_systems", "SimConfig"]
 log = logging.getLogger(__name__)
 
 ORACLE = "oracle"
-# SystemSpec's async flag; `async` itself is a keyword, so accept the spellings a spec may use.
-_ASYNC_ATTRS = ("async_pipeline", "is_async", "async_")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,25 +56,14 @@ class SystemParts:
 
 def make_workload(cfg: SimConfig):
     if cfg.trace_dir is not None:
-        from sim.trace import TraceWorkload
-
         return TraceWorkload.load(Path(cfg.trace_dir))
     profile = get_profile(cfg.bench, **dict(cfg.workload_overrides))
     return SyntheticWorkload(profile, seed=cfg.seed, num_steps=cfg.steps, num_dataset_prompts=cfg.dataset_prompts)
 
 
 def all_systems() -> list[str]:
-    from scheduler.systems import SYSTEMS
-
     names = list(SYSTEMS)
     return names + ([ORACLE] if ORACLE not in names else [])
-
-
-def _spec_async(spec) -> bool:
-    for attr in _ASYNC_ATTRS:
-        if hasattr(spec, attr):
-            return bool(getattr(spec, attr))
-    raise AttributeError(f"system spec {spec!r} has none of {_ASYNC_ATTRS}; cannot tell if it is async")
 
 
 def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
@@ -81,11 +74,6 @@ def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
 
 def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False) -> SystemParts:
     """The system's router, planner and first layout; `clairvoyant` swaps in the oracle's router."""
-    from scheduler import systems as sysmod
-    from scheduler.planner import PlannerConfig
-    from scheduler.prefix_tree import PrefixTreeConfig
-    from scheduler.routers import RouterConfig
-
     spec = sysmod.get_system(system)
     limits = _bucket_limits(cfg)
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
@@ -96,7 +84,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=rcfg.buckets())
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map)
     router = OracleRouter(cost, cfg.max_seqs_per_device) if clairvoyant else sysmod.make_router(system, rcfg)
-    return SystemParts(router=router, planner=planner, role_map=role_map, is_async=_spec_async(spec),
+    return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
                        colocated=bool(role_map.colocated), oracle=clairvoyant)
 
 
@@ -144,8 +132,6 @@ def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None]]:
 
 
 def _run(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=()) -> tuple[dict, list[dict], list, list]:
-    from scheduler.costmodel import get_cost_model
-
     t0 = time.perf_counter()
     cost = get_cost_model(cfg.hardware, cfg.model)
     curve = curve_for(cfg.bench, cfg.steps)
