@@ -104,7 +104,7 @@ def add_ratios(systems: dict[str, dict]) -> None:
 
 
 def _fmt(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    return format(x, spec) if x is not None else "-".rjust(int(spec.lstrip(">").split(".")[0]))
 
 
 def format_table(compare: dict) -> str:
