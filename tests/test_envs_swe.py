@@ -181,7 +181,9 @@ def test_episodes_clean_up_their_work_dirs(env):
 
     me = psutil.Process()
     before_fds, before_children = me.num_fds(), len(me.children(recursive=True))
-    root = env.sandbox.make_workdir("probe").parent
+    probe = env.sandbox.make_workdir("probe")
+    root = probe.parent
+    env.sandbox.remove_workdir(probe)
     before_dirs = set(os.listdir(root))
     workdirs = []
     for i, task in enumerate(env.tasks()[:3]):
