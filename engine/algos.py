@@ -68,13 +68,13 @@ def masked_aggregate(
     mask = mask.to(values.dtype)
     masked = values * mask
     if aggregation == "token-mean":
-        denom = mask.sum() if num_tokens is None else torch.tensor(float(num_tokens))
+        denom = mask.sum() if num_tokens is None else torch.tensor(float(num_tokens), device=values.device)
         return masked.sum() / denom.clamp(min=1.0)
     if aggregation == "seq-mean-token-mean":
         seq_tokens = mask.sum(dim=-1)
         seq_means = masked.sum(dim=-1) / seq_tokens.clamp(min=1.0)
         # Sequences without a model token carry no signal and do not dilute the mean.
-        denom = (seq_tokens > 0).sum().to(values.dtype) if num_seqs is None else torch.tensor(float(num_seqs))
+        denom = (seq_tokens > 0).sum().to(values.dtype) if num_seqs is None else torch.tensor(float(num_seqs), device=values.device)
         return seq_means.sum() / denom.clamp(min=1.0)
     raise ValueError(f"aggregation={aggregation!r} is unknown; use one of {AGGREGATIONS}")
 
