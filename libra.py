@@ -31,7 +31,9 @@ def _run_dir(cfg) -> Path:
         return Path(cfg.run.out)
     kind = "sim-" if cfg.run.sim else ""
     what = "compare" if cfg.run.compare else cfg.run.system
-    return Path("runs") / f"{cfg.run.bench}-{kind}{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # under torchrun every process must pick the same directory: use the job's run id
+    stamp = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.run.bench}-{kind}{what}-{stamp}"
 
 
 def main(argv: list[str] | None = None) -> int:

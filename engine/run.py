@@ -65,7 +65,7 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
         raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
     from scheduler.systems import initial_role_map
 
-    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.router.buckets(),
+    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.router.buckets(), trainer_frac=cfg.launch.trainer_frac,
                                 allowed_tp=_valid_tp(cfg))
     return info, role_map
 
@@ -150,6 +150,9 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
              role_map.describe())
     args = (cfg, role_map, str(out_dir), resume)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        if int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
+                             f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
         result = run_in_torchrun(rank_main, args, device_info=info, timeout_s=cfg.launch.timeout_s)
         if int(os.environ["RANK"]) != 0:
             return 0
