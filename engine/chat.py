@@ -21,7 +21,6 @@ back to the rendered text.
 from __future__ import annotations
 
 import json
-import re
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -40,7 +39,6 @@ _TOOLS_FOOTER = (
     "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
-_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
 
 
 def tools_block(tools) -> str:
@@ -110,28 +108,10 @@ def has_tool_call(text: str) -> bool:
     return TOOL_CALL_OPEN in text
 
 
-def parse_tool_calls_fallback(text: str):
-    """Hermes tool calls in `text`; used until/unless `envs.base.parse_tool_calls` exists."""
-    from envs.base import ToolCall, ToolCallError
-
-    calls = []
-    for m in _TOOL_CALL_RE.finditer(text):
-        raw = m.group(1).strip()
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            calls.append(ToolCallError(f"invalid JSON in tool call ({e.msg}); write {format_tool_call('NAME', {})}", raw))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments", {}), dict):
-            calls.append(ToolCallError('a tool call must be {"name": str, "arguments": {...}}', raw))
-            continue
-        calls.append(ToolCall(obj["name"], obj.get("arguments", {}), raw))
-    return calls
-
-
 def parse_tool_calls(text: str):
-    try:
-        from envs.base import parse_tool_calls as env_parse
-    except ImportError:
-        return parse_tool_calls_fallback(text)
-    return env_parse(text)
+    """Hermes tool calls in `text` as `ToolCall | ToolCallError`; never raises (envs owns the parser)."""
+    from envs.base import ToolCallError, parse_tool_calls as env_parse
+
+    calls = env_parse(text)
+    # the engine only asks when the text holds a <tool_call> tag, so there is always a call to answer
+    return calls or [ToolCallError(message="no parseable tool call; write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>", raw=text)]
