@@ -3,6 +3,7 @@ no system beats the oracle, determinism, and the sanity scenarios (zero tail, he
 training-heavy)."""
 
 import json
+from types import SimpleNamespace
 import subprocess
 import sys
 
@@ -103,3 +104,20 @@ def test_sim_imports_no_torch():
     code = "import sys, sim.run, sim.trace, sim.cluster; print(sorted(m for m in ('torch', 'transformers', 'multiprocessing', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _libra_cfg(**run):
+    base = dict(bench="swe", system="static", seed=0, compare=False)
+    base.update(run)
+    return SimpleNamespace(run=SimpleNamespace(**base))
+
+
+def test_libra_sim_entry_writes_a_run_dir(tmp_path, capsys):
+    from sim.run import run_from_libra_config
+
+    assert run_from_libra_config(_libra_cfg(), tmp_path) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["system"] == "static" and summary["mode"] == "sim" and summary["steps"] == 10
+    assert "static (sim):" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"--sim has no workload profile for bench 'toy'; use one of \['math', 'search', 'swe'\]"):
+        run_from_libra_config(_libra_cfg(bench="toy"), tmp_path)
