@@ -3,9 +3,9 @@ no system beats the oracle, determinism, and the sanity scenarios (zero tail, he
 training-heavy)."""
 
 import json
-from types import SimpleNamespace
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
