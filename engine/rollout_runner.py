@@ -138,22 +138,12 @@ class BatchRunner:
 
     def _admit(self, rids: list[str]) -> None:
         parts = [self.parked.pop(r) for r in rids]
-        width = max([self.cache.layers[0].keys.shape[-2] if self.rows else 0] + [n for _, n in parts])
-        layers = []
-        for li in range(len(parts[0][0])):
-            ks, vs = [], []
-            if self.rows:
-                k, v = self.cache.layers[li].keys, self.cache.layers[li].values
-                pad = width - k.shape[-2]
-                ks.append(F.pad(k, (0, 0, pad, 0)))
-                vs.append(F.pad(v, (0, 0, pad, 0)))
-            for kv, n in parts:
-                ks.append(F.pad(kv[li][0], (0, 0, width - n, 0)))
-                vs.append(F.pad(kv[li][1], (0, 0, width - n, 0)))
-            layers.append((torch.cat(ks), torch.cat(vs)))
-        self.cache = DynamicCache(ddp_cache_data=layers)
+        if self.rows:
+            # the batch is one more part, already left-padded to its width
+            parts.insert(0, ([(lay.keys, lay.values) for lay in self.cache.layers], self.cache.layers[0].keys.shape[-2]))
+        self.cache = DynamicCache(ddp_cache_data=self._stack_left(parts, max(n for _, n in parts)))
         self.rows += list(rids)
-        self.lens += [n for _, n in parts]
+        self.lens += [n for _, n in parts[-len(rids):]]
 
     def _park(self, rids: list[str]) -> None:
         leave = set(rids)
