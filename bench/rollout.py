@@ -1,15 +1,19 @@
 """Rollout engine vs `model.generate` on one multi-turn workload with tool pauses.
 
-Workload: N trajectories (default 32), 3 model turns each (two tool calls, then the answer),
-tool latencies drawn per (request, call) from a seeded uniform distribution, so both systems
-see the same latencies. The policy is the tiny random model (or `--model smollm2`) with a
-position-keyed logit bias that writes the tool calls and the final `<|im_end|>` on cue, so both
-systems produce the same trajectories under greedy decoding.
+Workload: N trajectories (default 32), up to 3 model turns each (two tool calls), tool latencies
+drawn per (request, call) from a seeded uniform distribution and, one call in ten, a large tool
+payload that pushes the trajectory into long turns (the long tail). Both systems see the same
+latencies and payloads. The policy is the tiny random model (or `--model smollm2`) with a
+position-keyed logit bias that writes the tool calls on cue, so under greedy decoding both
+systems produce the same trajectories (the table shows equal token counts).
 
-Baseline: per turn, one batched `generate` over all live trajectories (left padded, stopping at
-`<|im_end|>` or `</tool_call>`), then all tool calls at once on a thread pool, waiting for the
-slowest, then the next turn re-prefills everything. The engine overlaps tools with decoding
-and prefills only new tokens.
+Both systems get the same KV budget: `--max-batch` sequences decoding at once (default 8).
+Baseline: waves of `max-batch` trajectories; per turn one batched `generate` over the wave's live
+trajectories (left padded, stopping at `<|im_end|>` or `</tool_call>`), then all tool calls on a
+thread pool, waiting for the slowest, then the next turn re-prefills everything. The engine
+refills a slot as soon as a sequence pauses for a tool or ends, overlaps tools with decoding,
+and prefills only new tokens. Speeds on shared CPUs swing a lot: the two alternate for
+`--rounds` rounds and each keeps its best wall time; the forward counts are noise-free.
 
 Prints a table and, last, `rollout_vs_generate: R` (engine model tokens/s over generate's).
 """

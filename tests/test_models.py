@@ -86,7 +86,8 @@ def test_smollm2_loads_from_cache_and_chats():
     model, tok = load_policy("smollm2", device="cpu")
     assert 134_000_000 < sum(p.numel() for p in model.parameters()) < 136_000_000
     assert tok.encode("<|im_end|>", add_special_tokens=False) == [tok.eos_token_id]
-    ids = render_prompt(tok, ({"role": "user", "content": "Say hi."},), TOOLS)
+    assert len(render_prompt(tok, ({"role": "user", "content": "Say hi."},), TOOLS)) > 100
+    ids = render_prompt(tok, ({"role": "user", "content": "Say hi."},), ())
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
-    assert out.shape[1] > len(ids)
+        logits = model(input_ids=torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), model.config.vocab_size) and torch.isfinite(logits).all()
