@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.presets import PRESETS, get_preset
+from bench.presets import ABLATION_SYSTEMS, PRESETS, get_preset
 from sim.run import compare, format_table
 
 HEADLINE = (("colocate", "libra/colocate"), ("static", "libra/static"), ("length_aware", "libra/length_aware"),
@@ -41,7 +41,7 @@ def main() -> None:
     args = p.parse_args()
     runs = ([(pr, b) for pr in ("paper_a800_48", "paper_910b3_160") for b in ("swe", "search", "math")]
             if args.all else [(args.preset, args.bench)])
-    systems = [s for s in args.systems.split(",") if s] or None
+    systems = [s for s in args.systems.split(",") if s] or (ABLATION_SYSTEMS if args.preset == "ablation" else None)
     rows, result = [], None
     for preset, bench in runs:
         t0 = time.perf_counter()
