@@ -56,7 +56,8 @@ def main() -> None:
         for preset, bench, h in rows:
             print(f"{preset:<16} {bench:<7} " + " ".join(f"{h.get(k, float('nan')):>26.2f}" for k in keys))
         print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
-    print(f"libra_vs_colocate: {result['systems']['libra']['vs_colocate']:.2f}")
+    ratio = result["systems"].get("libra", {}).get("vs_colocate")
+    print(f"libra_vs_colocate: {ratio if ratio is not None else float('nan'):.2f}")
 
 
 if __name__ == "__main__":
