@@ -21,7 +21,8 @@ def main() -> None:
     path = plot_compare(result, run_dir / "compare.png")
     print(format_table(result))
     print(f"wrote {path}")
-    print(f"libra_vs_colocate: {result['systems']['libra']['vs_colocate']:.2f}")
+    ratio = result["systems"].get("libra", {}).get("vs_colocate")
+    print(f"libra_vs_colocate: {ratio if ratio is not None else float('nan'):.2f}")
 
 
 if __name__ == "__main__":
