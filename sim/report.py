@@ -99,7 +99,7 @@ def add_ratios(systems: dict[str, dict]) -> None:
     for s in systems.values():
         s["vs_colocate"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
         s["vs_oracle"] = s["tokens_per_s"] / best["tokens_per_s"] if best else None
-        t, t0 = s["time_to_target_s"], base["time_to_target_s"] if base else None
+        t, t0 = s.get("time_to_target_s"), base.get("time_to_target_s") if base else None
         s["reward_speedup_vs_colocate"] = t0 / t if t and t0 else None
 
 
@@ -112,10 +112,13 @@ def format_table(compare: dict) -> str:
             f"{'t->target s':>11} {'idle roll':>9} {'idle train':>10} {'migr':>6}  final layout")
     lines = [f"bench={compare['bench']} mode={compare['mode']} " + compare.get("setup", ""), head, "-" * len(head)]
     for name, s in compare["systems"].items():
+        # real runs' summaries (engine/run.py) may lack the simulator-only columns
         lines.append(
-            f"{name:<18} {s['tokens_per_s']:>9.0f} {s['trajectories_per_s']:>8.3f} {_fmt(s['vs_colocate'], '>8.2f')} "
-            f"{_fmt(s['vs_oracle'], '>9.2f')} {_fmt(s['time_to_target_s'], '>11.0f')} "
-            f"{s['idle_frac_rollout']:>9.2f} {s['idle_frac_train']:>10.2f} {s['migrations']:>6}  {s['role_map_last']}"
+            f"{name:<18} {s['tokens_per_s']:>9.0f} {s['trajectories_per_s']:>8.3f} {_fmt(s.get('vs_colocate'), '>8.2f')} "
+            f"{_fmt(s.get('vs_oracle'), '>9.2f')} {_fmt(s.get('time_to_target_s'), '>11.0f')} "
+            f"{_fmt(s.get('idle_frac_rollout'), '>9.2f')} {_fmt(s.get('idle_frac_train'), '>10.2f')} "
+            f"{_fmt(s.get('migrations'), '>6')}  {s.get('role_map_last', '')}"
         )
-    lines.append(f"note: {compare['note']}")
+    if compare.get("note"):
+        lines.append(f"note: {compare['note']}")
     return "\n".join(lines)

@@ -121,3 +121,14 @@ def test_libra_sim_entry_writes_a_run_dir(tmp_path, capsys):
     assert "static (sim):" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"--sim has no workload profile for bench 'toy'; use one of \['math', 'search', 'swe'\]"):
         run_from_libra_config(_libra_cfg(bench="toy"), tmp_path)
+
+
+def test_table_accepts_real_run_summaries_without_sim_columns():
+    from sim.report import add_ratios
+
+    systems = {"libra": {"tokens_per_s": 30.0, "trajectories_per_s": 0.5},
+               "colocate": {"tokens_per_s": 10.0, "trajectories_per_s": 0.2}}
+    add_ratios(systems)
+    lines = format_table({"bench": "swe", "mode": "real", "systems": systems}).splitlines()
+    assert lines[3].split()[:4] == ["libra", "30", "0.500", "3.00"]
+    assert len(lines) == 5
