@@ -149,9 +149,12 @@ def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
         return LibraConfig(
             run=run,
             step=StepConfig(prompts_per_step=2, samples_per_prompt=2),
+            # a real policy samples cooler so a 135M model still writes well-formed tool calls
             rollout=RolloutConfig(max_new_tokens_per_turn=64, max_turns=3, max_total_tokens=1536, max_batch=32,
-                                  temperature=1.0, tool_timeout_s=20.0),
-            trainer=TrainerConfig(lr=1e-5 if run.model != "tiny" else 1e-3, micro_batch_tokens=4096),
+                                  temperature=1.0 if run.model == "tiny" else 0.7, top_p=1.0 if run.model == "tiny" else 0.95,
+                                  tool_timeout_s=20.0),
+            # 1k-token micro-batches: SmolLM2's 49k-vocab logits cost ~0.2 GB per 1k tokens in fp32
+            trainer=TrainerConfig(lr=1e-5 if run.model != "tiny" else 1e-3, micro_batch_tokens=1024),
             router=cpu_router_config(bucket_max_tokens=(1024, 1536)),
             launch=LaunchConfig(trainer_frac=0.25),
         )

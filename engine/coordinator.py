@@ -283,7 +283,7 @@ class Coordinator:
         if st is None or not st.complete:
             return
         batch = []
-        for rid, traj in st.done.items():
+        for rid, traj in sorted(st.done.items()):  # finish order is a race: train in request order
             if traj is None:
                 continue
             versions = traj.policy_versions
