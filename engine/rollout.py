@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 class _Seq:
-    def __init__(self, req: RolloutRequest, seed: int):
+    def __init__(self, req: RolloutRequest, seed: int, device: torch.device):
         self.req = req
         st = req.state
         if st is None:
@@ -63,7 +63,7 @@ class _Seq:
         self.final_text = ""
         self.finish_reason = ""
         key = zlib.crc32(f"{seed}:{req.request_id}:{len(self.ids)}".encode())
-        self.gen = torch.Generator().manual_seed(key)
+        self.gen = torch.Generator(device=device).manual_seed(key)
 
     def append(self, token: int, mask: int, logprob: float, version: int) -> None:
         self.ids.append(token)
@@ -121,7 +121,7 @@ class RolloutEngine:
     def add(self, req: RolloutRequest) -> None:
         assert self.runner.is_leader, "only the TP leader takes requests"
         assert req.request_id not in self.seqs, f"request {req.request_id} added twice"
-        seq = _Seq(req, self.cfg.seed)
+        seq = _Seq(req, self.cfg.seed, self.runner.device)
         seq.st.instances.append(self.instance_id)
         self.seqs[req.request_id] = seq
         self.ready.append(req.request_id)
