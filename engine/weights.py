@@ -5,9 +5,10 @@ Algorithm:
      from their own model and cut it into buckets of at most `bucket_size_mb`, one dtype each.
   2. The sender broadcasts a header (policy version, manifest hash, bytes), then each bucket as
      one flat tensor (one `broadcast` per bucket instead of one per parameter).
-  3. A receiver fills fresh staging tensors and only then publishes the whole version at once
-     through `VersionedWeights` (a lock-guarded swap), so a reader sees version v or v+1, never a
-     mix. The rollout engine applies the published dict between decode iterations.
+  3. A receiver fills staging buffers that no reader holds (recycled from two versions back, or
+     new) and only then publishes the whole version at once through `VersionedWeights` (a
+     lock-guarded swap), so a reader sees version v or v+1, never a mix. The rollout engine
+     applies the published dict between decode iterations.
 
 The receiver takes a `shard_fn(name, full_tensor) -> tensor` hook: identity for full replicas,
 the TP slice for tensor-parallel receivers (the seam for sharded receivers).
@@ -19,6 +20,7 @@ raises naming both hashes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -70,21 +72,55 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[Tensor
 
 
 class VersionedWeights:
-    """The latest complete version a receiver holds; swapped whole under a lock."""
+    """The latest complete version a receiver holds; swapped whole under a lock.
+
+    Receive buffers are recycled (a fresh buffer per version costs page faults that halve the
+    transfer rate on CPU: bench.groups): a version's buffers become spare when the next version
+    is published and are reused for a later one only while nobody holds them `pinned()`. A
+    consumer that keeps tensors after `read()` without a pin must be done with them before the
+    version after next arrives (the rollout engine applies each version at its next step).
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._version = -1
         self._tensors: dict[str, torch.Tensor] = {}
+        self._buffers: list[torch.Tensor] | None = None
+        self._spare: list[list[torch.Tensor]] = []
+        self._pins: dict[int, int] = {}
 
-    def publish(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    def publish(self, version: int, tensors: dict[str, torch.Tensor], buffers: list[torch.Tensor] | None = None) -> None:
         with self._lock:
             assert version > self._version, f"policy version went back: {self._version} -> {version}"
-            self._version, self._tensors = version, tensors
+            if self._buffers is not None:
+                self._spare.append(self._buffers)
+            self._version, self._tensors, self._buffers = version, tensors, buffers
 
     def read(self) -> tuple[int, dict[str, torch.Tensor]]:
         with self._lock:
             return self._version, self._tensors
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """(version, tensors) that no later receive may overwrite until the block ends."""
+        with self._lock:
+            key = id(self._buffers)
+            self._pins[key] = self._pins.get(key, 0) + 1
+            version, tensors = self._version, self._tensors
+        try:
+            yield version, tensors
+        finally:
+            with self._lock:
+                self._pins[key] -= 1
+
+    def take_spare(self, layout: list[tuple[int, torch.dtype]]) -> list[torch.Tensor] | None:
+        """A spare buffer set of this (numel, dtype) layout that nobody pins, or None."""
+        with self._lock:
+            for i, bufs in enumerate(self._spare):
+                fits = [(b.numel(), b.dtype) for b in bufs] == layout
+                if fits and not self._pins.get(id(bufs)):
+                    return self._spare.pop(i)
+        return None
 
 
 @dataclass
@@ -112,15 +148,27 @@ class _Endpoint:
 
 
 class WeightSender(_Endpoint):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._flat: list[torch.Tensor] = []  # bucket buffers, reused: the broadcast returns only once sent
+
     def send(self, named: dict[str, torch.Tensor], version: int) -> TransferStats:
         t0 = time.perf_counter()
         specs = manifest(named)
         total = sum(s.numel * s.dtype.itemsize for s in specs)
         self._header([version, manifest_hash(specs), total])
-        for bucket in plan_buckets(specs, self.bucket_bytes):
-            flat = torch.cat([named[s.name].detach().reshape(-1) for s in bucket]).to(self.device)
+        for i, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
+            flat = self._buffer(i, sum(s.numel for s in bucket), bucket[0].dtype)
+            torch.cat([named[s.name].detach().reshape(-1).to(self.device) for s in bucket], out=flat)
             dist.broadcast(flat, src=self.src, group=self.group)
         return TransferStats(version, total, time.perf_counter() - t0)
+
+    def _buffer(self, i: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if i == len(self._flat):
+            self._flat.append(torch.empty(0, dtype=dtype, device=self.device))
+        if self._flat[i].numel() != numel or self._flat[i].dtype != dtype:
+            self._flat[i] = torch.empty(numel, dtype=dtype, device=self.device)
+        return self._flat[i]
 
 
 class WeightReceiver(_Endpoint):
@@ -150,10 +198,12 @@ class WeightReceiver(_Endpoint):
                 f"expects {self.hash:x}; trainer and rollout must load the same model architecture"
             )
         staged: dict[str, torch.Tensor] = {}
-        for bucket in plan_buckets(self.specs, self.bucket_bytes):
-            flat = torch.empty(sum(s.numel for s in bucket), dtype=bucket[0].dtype, device=self.device)
+        buckets = plan_buckets(self.specs, self.bucket_bytes)
+        layout = [(sum(s.numel for s in b), b[0].dtype) for b in buckets]
+        buffers = self.weights.take_spare(layout) or [torch.empty(n, dtype=dt, device=self.device) for n, dt in layout]
+        for bucket, flat in zip(buckets, buffers):
             dist.broadcast(flat, src=self.src, group=self.group)
             for s, piece in zip(bucket, torch.split(flat, [s.numel for s in bucket])):
                 staged[s.name] = self.shard_fn(s.name, piece.view(s.shape))
-        self.weights.publish(version, staged)
+        self.weights.publish(version, staged, buffers)
         return TransferStats(version, total, time.perf_counter() - t0)

@@ -339,10 +339,11 @@ class Worker:
             WeightSender(self.groups.sync, self.groups.sync_src, bucket_size_mb=self.cfg.sync.bucket_size_mb,
                          device=self.device).send(named, version)
         elif self.engine is not None:
-            receiver = WeightReceiver(self.groups.sync, self.groups.sync_src, self.specs,
-                                      bucket_size_mb=self.cfg.sync.bucket_size_mb, device=self.device)
-            receiver.recv()
-            got_version, tensors = receiver.weights.read()
+            if self.receiver is None or self.receiver.group is not self.groups.sync:  # new groups: new receiver
+                self.receiver = WeightReceiver(self.groups.sync, self.groups.sync_src, self.specs,
+                                               bucket_size_mb=self.cfg.sync.bucket_size_mb, device=self.device)
+            self.receiver.recv()
+            got_version, tensors = self.receiver.weights.read()  # applied at the engine's next step
             self.engine.set_weights(tensors, got_version)
         self.version = version
         if self.tp_leader or (self.trainer is not None and self.idx == rm.trainer_ranks[0]):

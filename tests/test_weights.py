@@ -34,11 +34,11 @@ def _transfer(ctx, num_versions):
     recv = WeightReceiver(group, 0, manifest(_params(0)), bucket_size_mb=0.05, device=torch.device("cpu"))
     mixed, stop = [], threading.Event()
 
-    def reader():  # hammers the published weights while versions arrive
+    def reader():  # hammers the published weights while versions arrive (buffers get recycled)
         while not stop.is_set():
-            version, tensors = recv.weights.read()
-            if version > 0 and any(not torch.equal(t, _params(version)[k]) for k, t in tensors.items()):
-                mixed.append(version)
+            with recv.weights.pinned() as (version, tensors):
+                if version > 0 and any(not torch.equal(t, _params(version)[k]) for k, t in tensors.items()):
+                    mixed.append(version)
 
     t = threading.Thread(target=reader)
     t.start()
@@ -55,9 +55,9 @@ def _transfer(ctx, num_versions):
 
 
 def test_weights_arrive_bit_exact_with_version_on_three_receivers():
-    out = spawn(_transfer, 4, (5,), device_info=CPU, timeout_s=60)
+    out = spawn(_transfer, 4, (8,), device_info=CPU, timeout_s=60)
     for rank, (seen, mixed) in enumerate(out[1:], start=1):
-        assert seen == [(v, True) for v in range(1, 6)], f"rank {rank}: {seen}"
+        assert seen == [(v, True) for v in range(1, 9)], f"rank {rank}: {seen}"
         assert mixed == [], f"rank {rank} observed a half-applied version {mixed}"
 
 
@@ -80,6 +80,18 @@ def test_buckets_respect_size_and_dtype():
     specs = [TensorSpec("a", (10,), torch.float32), TensorSpec("b", (10,), torch.float32),
              TensorSpec("c", (100,), torch.float32), TensorSpec("d", (4,), torch.bfloat16)]
     assert [[s.name for s in b] for b in plan_buckets(specs, 80)] == [["a", "b"], ["c"], ["d"]]
+
+
+def test_spare_buffers_are_recycled_only_when_unpinned():
+    w = VersionedWeights()
+    a, b = [torch.zeros(4)], [torch.zeros(4)]
+    w.publish(1, {"x": a[0]}, a)
+    with w.pinned() as (version, _):
+        assert version == 1
+        w.publish(2, {"x": b[0]}, b)  # a is spare now, but pinned by this block
+        assert w.take_spare([(4, torch.float32)]) is None
+    assert w.take_spare([(4, torch.float32)]) is a
+    assert w.take_spare([(4, torch.float32)]) is None
 
 
 def test_versioned_weights_refuse_going_back():
