@@ -101,6 +101,7 @@ class RolloutEngine:
         self.ready: collections.deque[str] = collections.deque()
         self.pool = cf.ThreadPoolExecutor(cfg.tool_workers, thread_name_prefix="libra-tool") if self.runner.is_leader else None
         self._pending_weights: tuple[dict, int] | None = None
+        self._pending_drops: list[str] = []
         self._leader_idle = True
         self.eos_ids = self._eos_ids(tokenizer, model)
         close = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
@@ -181,6 +182,9 @@ class RolloutEngine:
         if not self.runner.is_leader:
             self._leader_idle = self.runner.serve_step()
             return []
+        for rid in self._pending_drops:
+            self.runner.drop(rid)
+        self._pending_drops.clear()
         events: list = []
         self._collect(events)
         self._join(events)
@@ -194,7 +198,8 @@ class RolloutEngine:
         rid = seq.req.request_id
         if rid in self.ready:
             self.ready.remove(rid)
-        self.runner.drop(rid)
+        # dropped at the next step, so a TP leader never broadcasts outside the lockstep
+        self._pending_drops.append(rid)
 
     def _collect(self, events: list) -> None:
         now = time.monotonic()
