@@ -6,6 +6,8 @@ latencies, train tokens). Output: a validated `RoleMap` inside a `PlanDecision`.
 Algorithm:
 1. Workload: pool the last `history_steps` steps' trajectory lengths; one step's demand per
    bucket b is (count n_b, tokens S_b, longest l_b), scaled to the mean trajectories per step.
+   Admission is MLFQ (every request starts in the first active bucket), so bucket b serves the
+   token segment between its lower and upper limit of every trajectory that reaches it.
 2. Bucket time with k instances of TP t: max(throughput, tail), where throughput =
    S_b/k x step(B)/B with B = ceil(n_b/k) sequences per instance (+ re-prefill of migrated
    requests), and tail = l_b x step(b) + the tool time of the longest trajectory, where
@@ -21,15 +23,18 @@ Algorithm:
 4. Step time of the async pipeline for R: max(f(R) x rollout_scale, train(G-R) x train_scale)
    + sync(R); pick the best R (ties: the current split, then fewer rollout devices). Devices
    left over after the k_a go to the slowest bucket, then as TP1 to the shortest one.
-5. Re-plan every `interval_steps` steps, or at once when measured rollout_s/train_s leaves
-   `ratio_band`. Apply only if current/new >= 1 + `min_gain_ratio` and the gain per step x
+5. Re-plan every `interval_steps` steps, or at once when measured rollout/train leaves
+   `ratio_band`; never before `min_history_steps` steps are seen, and the `settle_steps` steps
+   after the start or a switch (mixed loads/layouts) neither calibrate nor trigger. Measured
+   rollout per step is min(batch critical path, step period): overlapping batches share devices. Apply only if current/new >= 1 + `min_gain_ratio` and the gain per step x
    remaining steps exceeds the reconfiguration cost. `rollout_scale`/`train_scale` are EMAs of
    measured/predicted times on the layout that ran, so the model tracks the real machine.
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
-second plan never replaces the first (hysteresis).
+second plan never replaces the first (hysteresis); no re-plan from too little history; settling
+steps leave the calibration alone; MLFQ demands count every trajectory in the first bucket.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class PlannerConfig:
     check_memory: bool = True  # respect the cost model's minimum rollout TP and trainer size
     scale_ema: float = 0.5  # weight of the newest measured/predicted time ratio
     max_batch: int = 256  # most sequences one instance decodes at once (vLLM's max_num_seqs)
+    min_history_steps: int = 3  # steps seen before the first re-plan (capped at history_steps)
+    settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
 
     def __post_init__(self) -> None:
         if self.interval_steps < 1 or self.history_steps < 1:
@@ -80,6 +87,9 @@ class PlannerConfig:
                              f"bucket but the last of {self.bucket_names}")
         if self.max_batch < 1:
             raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1, e.g. 256")
+        if self.min_history_steps < 1 or self.settle_steps < 0:
+            raise ValueError(f"PlannerConfig: min_history_steps={self.min_history_steps} must be >= 1 and settle_steps="
+                             f"{self.settle_steps} >= 0; e.g. 3 and 1")
         if not 0 < self.scale_ema <= 1:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
 
@@ -148,6 +158,9 @@ class GlobalPlanner:
         self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
         self._sorted: tuple[list[int], list[int]] = ([], [])
         self._steps_since_plan = 0
+        self._num_steps_seen = 0
+        self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
+        self._last_now: float | None = None
         self._min_tp = cost_model.min_rollout_tp() if self.cfg.check_memory else 1
         self._min_train = cost_model.min_train_devices() if self.cfg.check_memory else 1
 
@@ -159,18 +172,29 @@ class GlobalPlanner:
         role_map = self._build(best)
         cur_s = self._predict_map(self.current, wl)[0] if self.current else best.step_s
         moved = self._num_moved(self.current, role_map)
-        self.current, self._steps_since_plan = role_map, 0
+        self.current, self._steps_since_plan, self._steps_on_layout = role_map, 0, 0
         return self._decision(best, role_map, cur_s, moved, "initial plan")
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
         self.remaining_steps -= 1
         self._steps_since_plan += 1
+        self._steps_on_layout += 1
+        self._num_steps_seen += 1
         self._history = (self._history + [stats])[-self.cfg.history_steps:]
-        self._calibrate(stats)
-        ratio = stats.rollout_s / stats.train_s if stats.train_s > 0 else math.inf
+        # A step that ran while the async pipeline filled, or across a layout switch, measures a
+        # mix of loads/layouts: calibrating on it (or reacting to its ratio) makes the planner chase
+        # its own transients, e.g. 24 -> 8 trainers after step 0 and back again.
+        settled = self._steps_on_layout > self.cfg.settle_steps
+        rollout_s = self._rollout_per_step_s(stats, now)
+        if settled:
+            self._calibrate(stats, rollout_s)
+        ratio = rollout_s / stats.train_s if stats.train_s > 0 else math.inf
         lo, hi = self.cfg.ratio_band
         drift = not lo <= ratio <= hi
-        if self._steps_since_plan < self.cfg.interval_steps and not drift:
+        # Too few steps make a noisy length sample and an uncalibrated model: do not move ranks yet.
+        if self._num_steps_seen < min(self.cfg.min_history_steps, self.cfg.history_steps):
+            return None
+        if self._steps_since_plan < self.cfg.interval_steps and not (drift and settled):
             return None
         if not any(s.trajectory_tokens for s in self._history):
             return None
@@ -190,23 +214,38 @@ class GlobalPlanner:
         if moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
             logger.debug("plan kept (%s): current %.3fs vs new %.3fs, reconfig %.3fs", why, cur_s, best.step_s, reconfig)
             return None
-        self.current = role_map
+        self.current, self._steps_on_layout = role_map, 0
         return self._decision(best, role_map, cur_s, moved, why)
 
     # ---- model -----------------------------------------------------------------------------
     def _demands(self, wl: Workload, active: tuple[int, ...]) -> list[_Demand]:
-        """Per active bucket: the share of one step's trajectories the routers would send there."""
+        """Per active bucket: the work one step sends there under MLFQ admission.
+
+        Every request starts in the first active bucket and moves up as it outgrows each limit, so
+        a bucket serves the segment (its lower limit, its upper limit] of every trajectory that
+        reaches it, and each arrival re-prefills the lower limit's tokens. Counting only the
+        trajectories that *finish* in a bucket left the first bucket with a tenth of the load it
+        really gets: the planner gave it one TP1 instance and every admission queued there.
+        The last bucket's tail is the whole longest trajectory (C-MLFQ's causal signal promotes it
+        early; the demotion-only path is slower, which calibration absorbs)."""
         if self._sorted_for is not wl:  # sort once per workload; each call is then O(buckets log n)
             lens = sorted(wl.trajectory_tokens)
             self._sorted_for, self._sorted = wl, (lens, [0, *itertools.accumulate(lens)])
         lens, prefix = self._sorted
         limits = [b.max_tokens for b in self.cfg.buckets()]
         eff = [limits[a] for a in active[:-1]]
-        cuts = [0, *(bisect.bisect_right(lens, lim) for lim in eff), len(lens)]
-        scale = wl.num_trajectories / len(lens)
-        return [_Demand(n=(hi - lo) * scale, tokens=(prefix[hi] - prefix[lo]) * scale,
-                        longest=lens[hi - 1] if hi > lo else 0, reprefill=eff[i - 1] if i > 0 else 0)
-                for i, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
+        n = len(lens)
+        cuts = [0, *(bisect.bisect_right(lens, lim) for lim in eff), n]
+        scale = wl.num_trajectories / n
+        out = []
+        for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+            base = eff[i - 1] if i > 0 else 0
+            top = eff[i] if i < len(eff) else None
+            tokens = prefix[hi] - prefix[lo] - (hi - lo) * base + ((n - hi) * (top - base) if top is not None else 0)
+            longest = lens[-1] if top is None else min(lens[-1], top) - base
+            out.append(_Demand(n=(n - lo) * scale, tokens=tokens * scale, longest=longest if n > lo else 0,
+                               reprefill=base))
+        return out
 
     def _bucket_s(self, d: _Demand, tp_counts: dict[int, int], tool_s_per_token: float) -> float:
         if d.n <= 0:
@@ -216,7 +255,7 @@ class GlobalPlanner:
 
     def _thr_s(self, d: _Demand, tp_counts: dict[int, int]) -> float:
         batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
-        ctx = d.tokens / d.n / 2
+        ctx = d.reprefill + d.tokens / d.n / 2  # segments above the first start at their lower limit
         rate = 0.0
         for tp, c in tp_counts.items():
             # Sequences beyond what fits in KV memory (or max_batch) wait: they add time, not throughput.
@@ -252,7 +291,19 @@ class GlobalPlanner:
         train = self._train_s(wl, len(rm.trainer_ranks))
         return max(rollout, train) + self.cm.sync_s(len(rm.rollout_ranks)), rollout, train
 
-    def _calibrate(self, stats: StepStats) -> None:
+    def _rollout_per_step_s(self, stats: StepStats, now: float) -> float:
+        """Rollout seconds one step costs the pipeline: the batch's critical path, but no more than
+        the step period. When rollout is the bottleneck, batch j+1 is admitted while batch j still
+        runs, so each batch's admission-to-finish span covers about two periods of shared devices;
+        calibrating on it doubled the predicted rollout and the split flip-flopped (8 <-> 17 trainers)."""
+        last, self._last_now = self._last_now, now
+        period = now - last if last is not None else math.inf
+        # A period shorter than the training it contains is not a real clock (tests pass step numbers).
+        if period < stats.train_s:
+            return stats.rollout_s
+        return min(stats.rollout_s, period)
+
+    def _calibrate(self, stats: StepStats, rollout_s: float) -> None:
         rm = stats.role_map or self.current
         if rm is None or rm.colocated or not stats.trajectory_tokens:
             return
@@ -261,8 +312,8 @@ class GlobalPlanner:
         _, pred_r, pred_t = self._predict_map(rm, wl)
         self.rollout_scale, self.train_scale = saved
         a = self.cfg.scale_ema
-        if stats.rollout_s > 0 and pred_r > 0:
-            self.rollout_scale = (1 - a) * self.rollout_scale + a * min(1e3, max(1e-3, stats.rollout_s / pred_r))
+        if rollout_s > 0 and pred_r > 0:
+            self.rollout_scale = (1 - a) * self.rollout_scale + a * min(1e3, max(1e-3, rollout_s / pred_r))
         if stats.train_s > 0 and pred_t > 0:
             self.train_scale = (1 - a) * self.train_scale + a * min(1e3, max(1e-3, stats.train_s / pred_t))
 

@@ -60,10 +60,11 @@ def _stats(step: int, d, lens, train_tokens, noise=1.0) -> StepStats:
                      trajectory_tokens=lens, train_tokens=int(train_tokens), role_map=d.role_map)
 
 
-def _num_plan_changes(min_gain_ratio: float) -> int:
+def _num_plan_changes(min_gain_ratio: float, settle_steps: int = 1) -> int:
     """A balanced workload whose measured times wobble by +-3% around the prediction."""
     lens = tuple(1000 + (i * 37) % 1000 for i in range(1024))
-    cfg = PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0), min_gain_ratio=min_gain_ratio)
+    cfg = PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0), min_gain_ratio=min_gain_ratio,
+                        settle_steps=settle_steps, min_history_steps=1)
     p = GlobalPlanner(cfg, GPU, 32, 10**6)
     first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=1024, train_tokens=3e6))
     changes = 0
@@ -76,7 +77,9 @@ def _num_plan_changes(min_gain_ratio: float) -> int:
 
 
 def test_no_flip_flop_on_stationary_input():
-    assert _num_plan_changes(min_gain_ratio=0.0) >= 2  # without hysteresis the noise flips the plan back and forth
+    # without hysteresis (no gain margin, no settling) the noise flips the plan back and forth
+    assert _num_plan_changes(min_gain_ratio=0.0, settle_steps=0) >= 2
+    assert _num_plan_changes(min_gain_ratio=0.05, settle_steps=0) == 0
     assert _num_plan_changes(min_gain_ratio=0.05) == 0
 
 
@@ -85,6 +88,10 @@ def test_workload_shift_replans_once_then_settles():
     cfg = PlannerConfig(interval_steps=100, history_steps=1)
     p = GlobalPlanner(cfg, GPU, 32, 1000)
     first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    # The first step fills the async pipeline: its times mix loads, so it neither calibrates nor triggers.
+    fill = StepStats(step=0, rollout_s=first.details["rollout_s"] * 3, train_s=first.details["train_s"],
+                     trajectory_tokens=lens, train_tokens=int(1e5), role_map=first.role_map)
+    assert p.on_step_end(fill, 0.5) is None and p.rollout_scale == 1.0
     # Training suddenly needs 100x more tokens: the measured ratio leaves the band -> re-plan now.
     heavy = StepStats(step=1, rollout_s=first.details["rollout_s"], train_s=first.details["rollout_s"] * 20,
                       trajectory_tokens=lens, train_tokens=int(1e7), role_map=first.role_map)
@@ -119,7 +126,8 @@ def test_cpu_plan_is_exact_for_tiny_model():
     lens = _lengths(0, 64, 150, 1.5, 2000)
     d = GlobalPlanner(CPU_CFG, CPU, 8, 10).plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=sum(lens)))
     # On CPU a TP all-reduce costs ~1.5 ms (gloo), far more than it saves: every instance is TP1.
-    assert d.role_map.describe() == "v0 train=3 | short:TP1x1 medium:TP1x3 long:TP1x1"
+    # Every request starts in "short" (MLFQ admission), so short gets as many instances as medium.
+    assert d.role_map.describe() == "v0 train=3 | short:TP1x2 medium:TP1x2 long:TP1x1"
     assert d.details["num_trainer"] == 3 and d.details["train_layout"] == "fsdp3"
 
 
@@ -140,6 +148,8 @@ def test_workload_from_stats_pools_steps():
     (dict(bucket_max_tokens=(5,)), r"bucket_max_tokens=\(5,\) must be increasing, one per bucket"),
     (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
     (dict(max_batch=0), r"max_batch=0 must be >= 1"),
+    (dict(min_history_steps=0), r"min_history_steps=0 must be >= 1 and settle_steps=1 >= 0"),
+    (dict(settle_steps=-1), r"min_history_steps=3 must be >= 1 and settle_steps=-1 >= 0"),
 ])
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -160,3 +170,53 @@ def test_plans_only_use_tp_degrees_the_model_can_split():
     for model, allowed in (("smollm2-135m", {1}), ("qwen2.5-7b", {1, 2, 4})):
         d = GlobalPlanner(None, get_cost_model("h100", model), 24, 100).plan(wl)
         assert {i.tp for i in d.role_map.instances} <= allowed
+
+
+def _plain_planner(**kw) -> GlobalPlanner:
+    lens = _lengths(5, 128, 1500, 1.5, 16000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=1, **kw), GPU, 32, 1000)
+    p.first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    p.lens = lens
+    return p
+
+
+def test_no_replan_before_min_history_steps():
+    p = _plain_planner(min_history_steps=3, settle_steps=0)
+    heavy = lambda step: StepStats(step=step, rollout_s=1.0, train_s=20.0, trajectory_tokens=p.lens,  # noqa: E731
+                                   train_tokens=int(1e7), role_map=p.current)
+    assert p.on_step_end(heavy(0), 1000.0) is None  # 1 step of history: too little to move ranks
+    assert p.on_step_end(heavy(1), 2000.0) is None
+    d = p.on_step_end(heavy(2), 3000.0)
+    assert d is not None and len(d.role_map.trainer_ranks) > len(p.first.role_map.trainer_ranks)
+
+
+def test_settling_steps_neither_calibrate_nor_trigger():
+    p = _plain_planner(min_history_steps=1, settle_steps=2)
+    r, t = p.first.details["rollout_s"], p.first.details["train_s"]
+    skewed = lambda step: StepStats(step=step, rollout_s=r * 10, train_s=t, trajectory_tokens=p.lens,  # noqa: E731
+                                    train_tokens=int(1e5), role_map=p.current)
+    assert p.on_step_end(skewed(0), 1e4) is None and p.rollout_scale == 1.0
+    assert p.on_step_end(skewed(1), 2e4) is None and p.rollout_scale == 1.0
+    p.on_step_end(skewed(2), 3e4)  # settled now: the 10x slower rollout is believed
+    assert p.rollout_scale > 1.0
+
+
+def test_rollout_per_step_is_capped_by_the_step_period():
+    p = _plain_planner()
+    stats = StepStats(step=0, rollout_s=500.0, train_s=100.0, trajectory_tokens=(10,), role_map=p.current)
+    assert p._rollout_per_step_s(stats, 1000.0) == 500.0  # no previous step end: no period yet
+    # Two overlapping batches: each spans 500 s but one finishes every 300 s.
+    assert p._rollout_per_step_s(stats, 1300.0) == 300.0
+    # `now` advancing by less than the training it contains is not a clock: keep the measurement.
+    assert p._rollout_per_step_s(stats, 1301.0) == 500.0
+
+
+def test_mlfq_demands_count_every_trajectory_in_the_first_bucket():
+    p = GlobalPlanner(PlannerConfig(bucket_max_tokens=(100, 1000)), GPU, 8, 10)
+    wl = Workload(trajectory_tokens=(50, 80, 500, 5000), num_trajectories=4, train_tokens=1e4)
+    short, medium, long_ = p._demands(wl, (0, 1, 2))
+    assert (short.n, short.tokens, short.longest, short.reprefill) == (4, 50 + 80 + 100 + 100, 100, 0)
+    assert (medium.n, medium.tokens, medium.longest, medium.reprefill) == (2, 400 + 900, 900, 100)
+    assert (long_.n, long_.tokens, long_.longest, long_.reprefill) == (1, 4000, 5000, 1000)
+    only_long, = p._demands(wl, (2,))  # one active bucket: everything runs there from the start
+    assert (only_long.n, only_long.tokens, only_long.reprefill) == (4, 5630, 0)
