@@ -89,3 +89,12 @@ def test_tp_must_divide_attention_heads():
     assert get_cost_model("h100", "qwen2.5-7b").valid_tp() == (1, 2, 4)  # 28 heads
     assert get_cost_model("h100", "qwen3-14b").valid_tp() == (1, 2, 4, 8)
     assert get_cost_model("910b3", "qwen3-30b-a3b").min_rollout_tp() == 2  # 61 GB of weights on 64 GB devices
+
+
+def test_tp_allreduce_latency_grows_as_log2_and_tp8_saturates():
+    cm = get_cost_model("a800", "qwen3-14b")
+    assert cm._allreduce_s(0, 2) == pytest.approx(12e-6)
+    assert cm._allreduce_s(0, 8) == pytest.approx(3 * 12e-6)  # log2(8) latency-bound rounds
+    t1, t4, t8 = (cm.decode_step_s(1, 4096, tp) for tp in (1, 4, 8))
+    # 40 layers x 2 all-reduces make TP8 single-stream decode ~3.4x TP1, not the 5.5x of a flat latency
+    assert 3.0 < t1 / t8 < 4.0 and t1 / t4 < t1 / t8
