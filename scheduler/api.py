@@ -75,6 +75,7 @@ class StepStats:
     tool_latency_s: tuple[float, ...] = ()  # latency of each tool call this step
     train_tokens: int = 0  # tokens the trainer consumed
     role_map: RoleMap | None = None  # layout the step ran on
+    decode_tokens: tuple[int, ...] = ()  # model-generated tokens of each finished trajectory; () = unknown
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,6 +67,7 @@ class PlannerConfig:
     check_memory: bool = True  # respect the cost model's minimum rollout TP and trainer size
     scale_ema: float = 0.5  # weight of the newest measured/predicted time ratio
     max_batch: int = 256  # most sequences one instance decodes at once (vLLM's max_num_seqs)
+    max_seqs_per_device: int = 0  # also at most this many per device of an instance (0 = no such cap)
     min_history_steps: int = 3  # steps seen before the first re-plan (capped at history_steps)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
 
@@ -85,8 +86,9 @@ class PlannerConfig:
                 a >= b for a, b in zip(self.bucket_max_tokens, self.bucket_max_tokens[1:])):
             raise ValueError(f"PlannerConfig: bucket_max_tokens={self.bucket_max_tokens} must be increasing, one per "
                              f"bucket but the last of {self.bucket_names}")
-        if self.max_batch < 1:
-            raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1, e.g. 256")
+        if self.max_batch < 1 or self.max_seqs_per_device < 0:
+            raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1 and max_seqs_per_device="
+                             f"{self.max_seqs_per_device} >= 0, e.g. 256 and 0 (no per-device cap)")
         if self.min_history_steps < 1 or self.settle_steps < 0:
             raise ValueError(f"PlannerConfig: min_history_steps={self.min_history_steps} must be >= 1 and settle_steps="
                              f"{self.settle_steps} >= 0; e.g. 3 and 1")
@@ -106,8 +108,11 @@ class Workload:
     num_trajectories: float  # trajectories per step
     train_tokens: float  # tokens the trainer consumes per step
     tool_s_per_token: float = 0.0  # tool wall time per generated token (tool calls scale with length)
+    decode_frac: float = 1.0  # share of trajectory tokens the model decodes (the rest: prompt, tool outputs)
 
     def __post_init__(self) -> None:
+        if not 0 < self.decode_frac <= 1:
+            raise ValueError(f"Workload: decode_frac={self.decode_frac} must be in (0, 1]; it is decoded / total tokens")
         if not self.trajectory_tokens or self.num_trajectories <= 0:
             raise ValueError(f"Workload: {len(self.trajectory_tokens)} trajectory lengths and num_trajectories="
                              f"{self.num_trajectories}; give at least one finished trajectory")
@@ -120,8 +125,13 @@ class Workload:
         lengths = tuple(t for s in steps for t in s.trajectory_tokens)
         tool_s = sum(sum(s.tool_latency_s) for s in steps)
         train = sum(s.train_tokens or sum(s.trajectory_tokens) for s in steps) / len(steps)
+        # Tool outputs are prefilled, not decoded: in agentic code repair they are ~3/4 of the tokens,
+        # and counting them as decode made the tail look 3-4x longer than it is.
+        known = [s for s in steps if len(s.decode_tokens) == len(s.trajectory_tokens)]
+        decoded = sum(sum(s.decode_tokens) for s in known)
+        frac = min(1.0, max(1e-3, decoded / max(1, sum(sum(s.trajectory_tokens) for s in known)))) if known else 1.0
         return cls(trajectory_tokens=lengths, num_trajectories=len(lengths) / len(steps), train_tokens=train,
-                   tool_s_per_token=tool_s / max(1, sum(lengths)))
+                   tool_s_per_token=tool_s / max(1, sum(lengths)), decode_frac=frac)
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,7 @@ class _Demand:
     tokens: float  # their total tokens per step
     longest: int  # longest trajectory
     reprefill: int  # tokens re-prefilled per request migrated in (0 for the first active bucket)
+    decode_frac: float = 1.0  # share of the tokens that is decoded; the rest is prefilled (tool outputs)
 
 
 @dataclass
@@ -244,7 +255,7 @@ class GlobalPlanner:
             tokens = prefix[hi] - prefix[lo] - (hi - lo) * base + ((n - hi) * (top - base) if top is not None else 0)
             longest = lens[-1] if top is None else min(lens[-1], top) - base
             out.append(_Demand(n=(n - lo) * scale, tokens=tokens * scale, longest=longest if n > lo else 0,
-                               reprefill=base))
+                               reprefill=base, decode_frac=wl.decode_frac))
         return out
 
     def _bucket_s(self, d: _Demand, tp_counts: dict[int, int], tool_s_per_token: float) -> float:
@@ -259,9 +270,11 @@ class GlobalPlanner:
         rate = 0.0
         for tp, c in tp_counts.items():
             # Sequences beyond what fits in KV memory (or max_batch) wait: they add time, not throughput.
-            b = min(batch, self.cfg.max_batch, self.cm.max_batch(2 * ctx, tp))
+            b = min(batch, self._seq_cap(tp), self.cm.max_batch(2 * ctx, tp))
             rate += c * b / self.cm.decode_step_s(b, ctx, tp)
-        thr = d.tokens / rate
+        f = d.decode_frac
+        num_inst = sum(tp_counts.values())
+        thr = d.tokens * f / rate + d.tokens * (1 - f) / num_inst * self._prefill_per_token_s(max(tp_counts))
         if d.reprefill:
             thr += batch * self.cm.prefill_s(d.reprefill, max(tp_counts))
         return thr
@@ -270,8 +283,20 @@ class GlobalPlanner:
         """The longest trajectory's decode time: it shares its instance with the bucket's others for
         about mean/longest of its life, so a bucket mixing short and long slows its tail."""
         share = min(1.0, d.tokens / d.n / max(1, d.longest))
-        b = 1 + (min(batch, self.cfg.max_batch) - 1) * share
-        return d.longest * self.cm.decode_step_s(b, d.longest / 2, tp) + d.longest * tool_s_per_token
+        b = 1 + (min(batch, self._seq_cap(tp)) - 1) * share
+        f = d.decode_frac
+        decode_s = d.longest * f * self.cm.decode_step_s(b, d.longest / 2, tp)
+        return decode_s + d.longest * (1 - f) * self._prefill_per_token_s(tp) + d.longest * tool_s_per_token
+
+    def _seq_cap(self, tp: int) -> int:
+        """Most sequences a TP-`tp` instance runs at once: an engine cap that scales with its devices
+        (the simulator's) gives TP1 instances a small batch, which is what makes them slow per device."""
+        per_device = self.cfg.max_seqs_per_device
+        return min(self.cfg.max_batch, per_device * tp) if per_device else self.cfg.max_batch
+
+    def _prefill_per_token_s(self, tp: int) -> float:
+        # tool outputs arrive in chunks of a few hundred to a few thousand tokens
+        return self.cm.prefill_s(1024, tp) / 1024
 
     def _train_s(self, wl: Workload, num_trainer: int) -> float:
         return self.cm.train_s(int(wl.train_tokens), num_trainer) * self.train_scale

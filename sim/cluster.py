@@ -170,7 +170,7 @@ class ClusterSim:
         if self.clairvoyant:
             self.router.know(specs)
         self.batches[j] = {"num_left": len(specs), "admitted_at": self.now, "complete_at": None,
-                           "version": self.rollout_version, "tokens": [], "num": len(specs)}
+                           "version": self.rollout_version, "tokens": [], "decode": [], "num": len(specs)}
         touched = set()
         for spec in specs:
             req = SimRequest(spec, j, self.rollout_version, self.now)
@@ -230,6 +230,7 @@ class ClusterSim:
         self.router.on_finish(req.spec.request_id, req.context, self.now)
         b = self.batches[req.batch]
         b["tokens"].append(req.context)
+        b["decode"].append(req.decode_done)
         b["num_left"] -= 1
         if b["num_left"] == 0:
             b["complete_at"] = self.now
@@ -271,7 +272,8 @@ class ClusterSim:
         b = self.batches[j]
         stats = StepStats(step=j, rollout_s=b["rollout_s"], train_s=b["train_s"], sync_s=b["sync_s"],
                           trajectory_tokens=tuple(b["tokens"]), tool_latency_s=tuple(self.tool_latencies),
-                          train_tokens=sum(b["tokens"]) * self.cfg.train_epochs, role_map=self.role_map)
+                          train_tokens=sum(b["tokens"]) * self.cfg.train_epochs, role_map=self.role_map,
+                          decode_tokens=tuple(b["decode"]))
         self.tool_latencies = []
         decision = self.planner.on_step_end(stats, self.now)
         if decision is not None:

@@ -45,14 +45,17 @@ def test_rollout_heavy_history_gets_more_rollout_devices():
 
 
 def test_long_tail_gets_a_high_tp_instance():
+    # A 14B model: TP8 decodes a token 3x faster than TP1. (For a 4B model on H200 the all-reduce
+    # latency eats the gain past TP2, so there is no high-TP tail instance to expect.)
+    big = get_cost_model("h100", "qwen3-14b")
     tail = tuple([800] * 250 + [30000] * 6)
-    d = GlobalPlanner(None, GPU, 16, 100).plan(Workload(trajectory_tokens=tail, num_trajectories=256, train_tokens=1e6))
+    d = GlobalPlanner(None, big, 16, 100).plan(Workload(trajectory_tokens=tail, num_trajectories=256, train_tokens=1e6))
     rm = d.role_map
     longest = max(rm.bucket_index(i.bucket) for i in rm.instances)
     assert min(i.tp for i in rm.instances if rm.bucket_index(i.bucket) == longest) >= 4  # the tail gets high TP
     assert min(i.tp for i in rm.instances) == 1  # the 250 short ones get throughput instances
     # The tail cannot beat single-stream decode on TP8, and sharing with the other 5 long ones costs a bit.
-    assert 30000 * GPU.decode_step_s(1, 15000, 8) < d.details["rollout_s"] < 2 * 30000 * GPU.decode_step_s(1, 15000, 8)
+    assert 30000 * big.decode_step_s(1, 15000, 8) < d.details["rollout_s"] < 2 * 30000 * big.decode_step_s(1, 15000, 8)
 
 
 def _stats(step: int, d, lens, train_tokens, noise=1.0) -> StepStats:
@@ -135,7 +138,10 @@ def test_workload_from_stats_pools_steps():
     wl = Workload.from_stats([StepStats(step=0, rollout_s=1, train_s=1, trajectory_tokens=(10, 30), tool_latency_s=(2.0,)),
                               StepStats(step=1, rollout_s=1, train_s=1, trajectory_tokens=(20, 20), train_tokens=100)])
     assert wl.trajectory_tokens == (10, 30, 20, 20) and wl.num_trajectories == 2
-    assert wl.train_tokens == 70 and wl.tool_s_per_token == 2.0 / 80
+    assert wl.train_tokens == 70 and wl.tool_s_per_token == 2.0 / 80 and wl.decode_frac == 1.0
+    known = Workload.from_stats([StepStats(step=0, rollout_s=1, train_s=1, trajectory_tokens=(100, 300),
+                                           decode_tokens=(25, 75))])
+    assert known.decode_frac == 0.25  # tool outputs and prompts are prefilled, not decoded
     with pytest.raises(ValueError, match=r"none of 1 steps has trajectory_tokens"):
         Workload.from_stats([StepStats(step=0, rollout_s=1, train_s=1)])
 
@@ -147,7 +153,8 @@ def test_workload_from_stats_pools_steps():
     (dict(allowed_tp=(3,)), r"allowed_tp=\(3,\) must be a non-empty subset of \(1, 2, 4, 8\)"),
     (dict(bucket_max_tokens=(5,)), r"bucket_max_tokens=\(5,\) must be increasing, one per bucket"),
     (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
-    (dict(max_batch=0), r"max_batch=0 must be >= 1"),
+    (dict(max_batch=0), r"max_batch=0 must be >= 1 and max_seqs_per_device=0 >= 0"),
+    (dict(max_seqs_per_device=-1), r"max_batch=256 must be >= 1 and max_seqs_per_device=-1 >= 0"),
     (dict(min_history_steps=0), r"min_history_steps=0 must be >= 1 and settle_steps=1 >= 0"),
     (dict(settle_steps=-1), r"min_history_steps=3 must be >= 1 and settle_steps=-1 >= 0"),
 ])
@@ -220,3 +227,16 @@ def test_mlfq_demands_count_every_trajectory_in_the_first_bucket():
     assert (long_.n, long_.tokens, long_.longest, long_.reprefill) == (1, 4000, 5000, 1000)
     only_long, = p._demands(wl, (2,))  # one active bucket: everything runs there from the start
     assert (only_long.n, only_long.tokens, only_long.reprefill) == (4, 5630, 0)
+
+
+def test_decode_fraction_shrinks_the_tail_and_device_cap_limits_tp1_batches():
+    p = GlobalPlanner(PlannerConfig(max_seqs_per_device=32), GPU, 8, 10)
+    assert (p._seq_cap(1), p._seq_cap(4), p._seq_cap(8)) == (32, 128, 256)
+    assert GlobalPlanner(None, GPU, 8, 10)._seq_cap(1) == 256
+    lens = (1000,) * 64 + (20000,)
+    full = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5)
+    quarter = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5, decode_frac=0.25)
+    d_full, d_quarter = p._demands(full, (2,))[0], p._demands(quarter, (2,))[0]
+    # a quarter of the tokens decoded, the rest prefilled (~100x faster per token): about 1/4 the tail
+    ratio = p._tail_s(d_quarter, 4, 8, 0.0) / p._tail_s(d_full, 4, 8, 0.0)
+    assert 0.25 < ratio < 0.3
