@@ -2,13 +2,18 @@
 
 Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
 1. Admission: every request starts in the shortest bucket that has instances, on the
-   least-loaded instance there (tokens in flight, ties to the lower id).
+   least-loaded instance there (tokens in flight, ties to the lower id), unless that instance
+   would hold `migrate_load_slack` x more tokens per device than a longer bucket's least-loaded
+   one: then it starts there (a step admits its whole batch at once; queueing it all on the first
+   bucket's few instances while the others idle made libra lose to least-load routing).
 2. Tool return: the outcome state (tool, size class, status) advances the request's cursor in
    the causal prefix tree (its prompt's tree and the global one). The estimate of the tokens
    still to come gives two predicted totals, tokens_so_far + mean and tokens_so_far + p90. Each
    maps to the shortest active bucket whose limit fits it; the request migrates to the shorter
    of the two if that is longer than its current bucket (both signals must agree), else stays.
-   The engine re-prefills it on the target.
+   The engine re-prefills it on the target. The move is held while the target would hold
+   `migrate_load_slack` x more tokens per device than the request's own instance (a swamped
+   high-TP instance is no faster seat; the paper's "2-3x faster per token" sets the 2x default).
 3. Decode boundary: a request that outgrew its bucket's limit without a tool return is demoted
    to the bucket that fits its tokens (the MLFQ safety net; `RouterConfig.demote`).
 4. Finish: the request's (prompt, outcomes, tokens at each, total) record feeds the tree, which
@@ -20,14 +25,16 @@ request's own outcome list once after a rebuild).
 
 Invariants (tests/test_scheduler_cmlfq.py): trained on traces where a failure outcome is followed
 by long continuations and success by short ones, a failure migrates and a success stays; no
-migration without tree evidence unless the token limit is exceeded; decisions are deterministic.
+migration without tree evidence unless the token limit is exceeded; decisions are deterministic;
+admission spills and causal moves are held exactly at the per-device load ratio.
 """
 
 from __future__ import annotations
 
 import logging
 
-from scheduler.api import Decision, OutcomeState
+from scheduler.api import Decision, OutcomeState, Route
+from scheduler.layout import RoleMap
 from scheduler.prefix_tree import CausalPrefixTree
 from scheduler.routers import BaseRouter, RouterConfig, _Req
 
@@ -41,6 +48,37 @@ class CMLFQRouter(BaseRouter):
         super().__init__(cfg)
         self.tree = tree or CausalPrefixTree(self.cfg.tree)
         self.num_causal_migrations = 0
+        self.num_load_holds = 0  # causal moves skipped because the target was crowded
+
+    def _crowded(self, req: _Req, target: int) -> bool:
+        """A high-TP instance is faster per token only while it is not swamped: when every instance
+        of the target holds `migrate_load_slack` x more tokens per device than the request's own,
+        the move would trade a re-prefill for a slower seat. The token-limit demotion still applies."""
+        here = self._per_device(req.instance_id)
+        there = min(self._per_device(i, req.tokens) for i in self._by_bucket[target])
+        return there > self.cfg.migrate_load_slack * here
+
+    def _admit_target(self, req: _Req) -> tuple[int, int]:
+        """The shortest bucket, unless it is crowded: a step admits its whole batch at once, and
+        queueing hundreds of prompts on the few instances of the first bucket while longer buckets
+        idle costs more than starting some of them higher (they never need a migration). So move
+        up a bucket while its least-loaded instance would hold `migrate_load_slack` x fewer tokens
+        per device than the best so far (the request's own tokens counted on both sides)."""
+        first = self._active[0]
+        best = self._pick(first)
+        for bi in self._active[1:]:
+            if not self._per_device(self._pick(bi), req.tokens) * self.cfg.migrate_load_slack < \
+                    self._per_device(best, req.tokens):
+                break
+            first, best = bi, self._pick(bi)
+        return first, best
+
+    def _per_device(self, instance_id: int, extra_tokens: int = 0) -> float:
+        return (self._load[instance_id] + extra_tokens) / self._tp[instance_id]
+
+    def set_layout(self, role_map: RoleMap, now: float) -> dict[str, Route]:
+        self._tp = {i.instance_id: i.tp for i in role_map.instances}
+        return super().set_layout(role_map, now)
 
     def _on_admit(self, req: _Req) -> None:
         req.cursor = self.tree.cursor(req.prompt_id)
@@ -51,7 +89,9 @@ class CMLFQRouter(BaseRouter):
         if est is not None:
             mean_total, tail_total = req.tokens + est.mean, req.tokens + est.tail
             target = min(self._bucket_for_tokens(mean_total), self._bucket_for_tokens(tail_total))
-            if target > req.bucket:
+            if target > req.bucket and self._crowded(req, target):
+                self.num_load_holds += 1
+            elif target > req.bucket:
                 self.num_causal_migrations += 1
                 reason = f"cmlfq[{est.source}] mean={mean_total:.0f} p={tail_total:.0f} n={est.count}"
                 return self._migrate(req, target, reason)

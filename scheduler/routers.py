@@ -47,6 +47,7 @@ class RouterConfig:
     tree: PrefixTreeConfig = field(default_factory=PrefixTreeConfig)  # C-MLFQ prefix tree settings
     demote: bool = True  # C-MLFQ: also demote on token limits at decode boundaries (safety net)
     length_history: int = 8  # length_aware: finished trajectories remembered per prompt
+    migrate_load_slack: float = 2.0  # C-MLFQ: per-device load ratio that spills admissions / holds causal moves
 
     def __post_init__(self) -> None:
         n, lim = len(self.bucket_names), self.bucket_max_tokens
@@ -61,6 +62,9 @@ class RouterConfig:
             raise ValueError(f"RouterConfig: bucket_max_tokens={lim} must be positive and strictly increasing")
         if self.length_history < 1:
             raise ValueError(f"RouterConfig: length_history={self.length_history} must be >= 1")
+        if not self.migrate_load_slack > 0:
+            raise ValueError(f"RouterConfig: migrate_load_slack={self.migrate_load_slack} must be > 0; "
+                             "use a large value (e.g. 1e9) to migrate whatever the load")
 
     def buckets(self) -> tuple[Bucket, ...]:
         limits = (*self.bucket_max_tokens, None)

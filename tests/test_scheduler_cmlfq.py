@@ -1,5 +1,7 @@
 """C-MLFQ and its causal prefix tree, driven by hand (as vLLM's scheduler tests drive theirs)."""
 
+import dataclasses
+
 import pytest
 
 from scheduler.api import OutcomeState
@@ -80,7 +82,7 @@ def test_demotion_can_be_switched_off():
 
 
 def test_admission_least_loaded_by_tokens_not_count():
-    r = CMLFQRouter(CFG)
+    r = CMLFQRouter(dataclasses.replace(CFG, migrate_load_slack=1e9))  # within the first bucket: no spill
     r.set_layout(_layout(), 0.0)
     assert r.admit("big", "p", 900, 0.0).instance_id == 0
     assert r.admit("s1", "p", 10, 0.0).instance_id == 1
@@ -159,3 +161,28 @@ def test_router_warm_start_from_json():
 def test_prefix_tree_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         PrefixTreeConfig(**kw)
+
+
+def test_admission_spills_to_a_longer_bucket_only_when_the_first_is_crowded():
+    r = CMLFQRouter(CFG)  # migrate_load_slack=2: two short TP1 instances, one long TP2 instance
+    r.set_layout(_layout(), 0.0)
+    # Per device after adding the request: short 1000 vs long 500 -- not 2x less, so short.
+    assert [r.admit(f"a{i}", "p", 1000, 0.0).bucket for i in range(2)] == ["short", "short"]
+    # short would hold 2000 per device, long 500: spill to long (it never needs a migration)
+    assert (r.admit("a2", "p", 1000, 0.0).bucket, r.load()) == ("long", {0: 1000, 1: 1000, 2: 1000})
+    # short 2000 vs long (1000 + 1000) / 2 = 1000: exactly 2x, not more -> short again
+    assert [r.admit(f"b{i}", "p", 1000, 0.0).instance_id for i in range(2)] == [0, 1]
+    assert r.admit("b2", "p", 1000, 0.0).bucket == "long"  # short 3000 vs long 1500: spill
+
+
+def test_causal_move_held_when_the_target_is_crowded():
+    r = _trained_router()
+    r.admit("a", "p0", 100, 3.0)
+    r.admit("crowd", "other", 100, 3.0)
+    r.on_decode("crowd", 5000, 3.5)  # demoted to long: 5000 tokens on 2 devices
+    assert r.route_of("crowd").bucket == "long"
+    d = r.on_tool_return("a", FAIL, 300, 4.0)  # the tree says long, but long holds 2650/device vs 300 here
+    assert (d.action, d.bucket) == ("stay", "short") and r.num_load_holds == 1
+    r.on_finish("crowd", 5000, 5.0)
+    d = r.on_tool_return("a", FAIL, 320, 6.0)  # the crowd left: same evidence, now it moves
+    assert (d.action, d.bucket) == ("migrate", "long")

@@ -131,3 +131,5 @@ def test_router_config_buckets_and_errors():
         RouterConfig(bucket_names=("a", "a"), bucket_max_tokens=(5,))
     with pytest.raises(ValueError, match=r"length_history=0 must be >= 1"):
         RouterConfig(length_history=0)
+    with pytest.raises(ValueError, match=r"migrate_load_slack=0 must be > 0; use a large value \(e.g. 1e9\)"):
+        RouterConfig(migrate_load_slack=0)
