@@ -24,8 +24,9 @@ Algorithm:
    + sync(R); pick the best R (ties: the current split, then fewer rollout devices). Devices
    left over after the k_a go to the slowest bucket, then as TP1 to the shortest one.
 5. Re-plan every `interval_steps` steps, or at once when measured rollout/train leaves
-   `ratio_band`; never before `min_history_steps` steps are seen, and the `settle_steps` steps
-   after the start or a switch (mixed loads/layouts) neither calibrate nor trigger. Measured
+   `ratio_band`; never before `min_history_trajectories` trajectories have finished. The
+   `settle_steps` steps after the start or a switch (mixed loads/layouts) do not calibrate, and
+   trigger only when their ratio is more than 2x outside the band (overlap cannot explain that). Measured
    rollout per step is min(batch critical path, step period): overlapping batches share devices. Apply only if current/new >= 1 + `min_gain_ratio` and the gain per step x
    remaining steps exceeds the reconfiguration cost. `rollout_scale`/`train_scale` are EMAs of
    measured/predicted times on the layout that ran, so the model tracks the real machine.
@@ -34,7 +35,7 @@ Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
-steps leave the calibration alone; MLFQ demands count every trajectory in the first bucket.
+steps leave the calibration alone and trigger only far outside the band; MLFQ demands count every trajectory in the first bucket.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class PlannerConfig:
     scale_ema: float = 0.5  # weight of the newest measured/predicted time ratio
     max_batch: int = 256  # most sequences one instance decodes at once (vLLM's max_num_seqs)
     max_seqs_per_device: int = 0  # also at most this many per device of an instance (0 = no such cap)
-    min_history_steps: int = 3  # steps seen before the first re-plan (capped at history_steps)
+    min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
 
     def __post_init__(self) -> None:
@@ -89,8 +90,9 @@ class PlannerConfig:
         if self.max_batch < 1 or self.max_seqs_per_device < 0:
             raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1 and max_seqs_per_device="
                              f"{self.max_seqs_per_device} >= 0, e.g. 256 and 0 (no per-device cap)")
-        if self.min_history_steps < 1 or self.settle_steps < 0:
-            raise ValueError(f"PlannerConfig: min_history_steps={self.min_history_steps} must be >= 1 and settle_steps="
+        if self.min_history_trajectories < 1 or self.settle_steps < 0:
+            raise ValueError(f"PlannerConfig: min_history_trajectories={self.min_history_trajectories} must be >= 1 "
+                             f"and settle_steps="
                              f"{self.settle_steps} >= 0; e.g. 3 and 1")
         if not 0 < self.scale_ema <= 1:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
@@ -169,7 +171,6 @@ class GlobalPlanner:
         self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
         self._sorted: tuple[list[int], list[int]] = ([], [])
         self._steps_since_plan = 0
-        self._num_steps_seen = 0
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
         self._last_now: float | None = None
         self._min_tp = cost_model.min_rollout_tp() if self.cfg.check_memory else 1
@@ -190,7 +191,6 @@ class GlobalPlanner:
         self.remaining_steps -= 1
         self._steps_since_plan += 1
         self._steps_on_layout += 1
-        self._num_steps_seen += 1
         self._history = (self._history + [stats])[-self.cfg.history_steps:]
         # A step that ran while the async pipeline filled, or across a layout switch, measures a
         # mix of loads/layouts: calibrating on it (or reacting to its ratio) makes the planner chase
@@ -202,10 +202,14 @@ class GlobalPlanner:
         ratio = rollout_s / stats.train_s if stats.train_s > 0 else math.inf
         lo, hi = self.cfg.ratio_band
         drift = not lo <= ratio <= hi
-        # Too few steps make a noisy length sample and an uncalibrated model: do not move ranks yet.
-        if self._num_steps_seen < min(self.cfg.min_history_steps, self.cfg.history_steps):
+        # Two overlapping batches can at most double a batch's measured rollout; an imbalance far
+        # beyond that (e.g. 29x on a first layout that swamps its one TP8 instance) is real, and
+        # waiting two more steps on that layout cost more than the whole rest of the run gained.
+        far = not lo / 2 <= ratio <= 2 * hi
+        # Too small a length sample misjudges the tail: do not move ranks on it.
+        if sum(len(s.trajectory_tokens) for s in self._history) < self.cfg.min_history_trajectories:
             return None
-        if self._steps_since_plan < self.cfg.interval_steps and not (drift and settled):
+        if self._steps_since_plan < self.cfg.interval_steps and not (drift and (settled or far)):
             return None
         if not any(s.trajectory_tokens for s in self._history):
             return None

@@ -67,7 +67,7 @@ def _num_plan_changes(min_gain_ratio: float, settle_steps: int = 1) -> int:
     """A balanced workload whose measured times wobble by +-3% around the prediction."""
     lens = tuple(1000 + (i * 37) % 1000 for i in range(1024))
     cfg = PlannerConfig(interval_steps=1, ratio_band=(0.5, 2.0), min_gain_ratio=min_gain_ratio,
-                        settle_steps=settle_steps, min_history_steps=1)
+                        settle_steps=settle_steps)
     p = GlobalPlanner(cfg, GPU, 32, 10**6)
     first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=1024, train_tokens=3e6))
     changes = 0
@@ -155,8 +155,8 @@ def test_workload_from_stats_pools_steps():
     (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
     (dict(max_batch=0), r"max_batch=0 must be >= 1 and max_seqs_per_device=0 >= 0"),
     (dict(max_seqs_per_device=-1), r"max_batch=256 must be >= 1 and max_seqs_per_device=-1 >= 0"),
-    (dict(min_history_steps=0), r"min_history_steps=0 must be >= 1 and settle_steps=1 >= 0"),
-    (dict(settle_steps=-1), r"min_history_steps=3 must be >= 1 and settle_steps=-1 >= 0"),
+    (dict(min_history_trajectories=0), r"min_history_trajectories=0 must be >= 1 and settle_steps=1 >= 0"),
+    (dict(settle_steps=-1), r"min_history_trajectories=128 must be >= 1 and settle_steps=-1 >= 0"),
 ])
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -181,24 +181,40 @@ def test_plans_only_use_tp_degrees_the_model_can_split():
 
 def _plain_planner(**kw) -> GlobalPlanner:
     lens = _lengths(5, 128, 1500, 1.5, 16000)
-    p = GlobalPlanner(PlannerConfig(interval_steps=1, **kw), GPU, 32, 1000)
+    p = GlobalPlanner(PlannerConfig(**{"interval_steps": 1, **kw}), GPU, 32, 1000)
     p.first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
     p.lens = lens
     return p
 
 
-def test_no_replan_before_min_history_steps():
-    p = _plain_planner(min_history_steps=3, settle_steps=0)
+def test_no_replan_before_min_history_trajectories():
+    p = _plain_planner(min_history_trajectories=300, settle_steps=0)  # 128 trajectories a step
     heavy = lambda step: StepStats(step=step, rollout_s=1.0, train_s=20.0, trajectory_tokens=p.lens,  # noqa: E731
                                    train_tokens=int(1e7), role_map=p.current)
-    assert p.on_step_end(heavy(0), 1000.0) is None  # 1 step of history: too little to move ranks
-    assert p.on_step_end(heavy(1), 2000.0) is None
-    d = p.on_step_end(heavy(2), 3000.0)
+    assert p.on_step_end(heavy(0), 1000.0) is None  # 128 lengths: too small a sample to move ranks on
+    assert p.on_step_end(heavy(1), 2000.0) is None  # 256
+    d = p.on_step_end(heavy(2), 3000.0)  # 384
     assert d is not None and len(d.role_map.trainer_ranks) > len(p.first.role_map.trainer_ranks)
 
 
+def test_settling_step_triggers_only_far_outside_the_band():
+    def first_step(rollout_over_train: float):
+        p = _plain_planner(settle_steps=1, interval_steps=100)  # only the ratio can trigger
+        r = p.first.details["rollout_s"]
+        # training suddenly needs 100x the tokens; the step is a pipeline-fill step (settling)
+        stats = StepStats(step=0, rollout_s=r, train_s=r / rollout_over_train, trajectory_tokens=p.lens,
+                          train_tokens=int(1e7), role_map=p.current)
+        return p, p.on_step_end(stats, 1e4)
+
+    p, d = first_step(0.5)  # below the band (0.8) but within 2x of it: overlap could explain it
+    assert d is None and p.rollout_scale == 1.0
+    p, d = first_step(1 / 30)  # 30x: no overlap explains it, re-plan now (uncalibrated)
+    assert d is not None and p.rollout_scale == 1.0
+    assert len(d.role_map.trainer_ranks) > len(p.first.role_map.trainer_ranks)
+
+
 def test_settling_steps_neither_calibrate_nor_trigger():
-    p = _plain_planner(min_history_steps=1, settle_steps=2)
+    p = _plain_planner(settle_steps=2)
     r, t = p.first.details["rollout_s"], p.first.details["train_s"]
     skewed = lambda step: StepStats(step=step, rollout_s=r * 10, train_s=t, trajectory_tokens=p.lens,  # noqa: E731
                                     train_tokens=int(1e5), role_map=p.current)
