@@ -157,6 +157,10 @@ def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
             trainer=TrainerConfig(lr=1e-5 if run.model != "tiny" else 1e-3, micro_batch_tokens=1024),
             router=cpu_router_config(bucket_max_tokens=(1024, 1536)),
             launch=LaunchConfig(trainer_frac=0.25),
+            # a CPU run is a few steps of 4 trajectories: re-plan once two steps have been seen.
+            # TP1 only: on shared CPU cores a TP group adds gloo traffic and no speed
+            # (measured: libra with a TP2 bucket ran at 0.4x static on the tiny model)
+            planner=PlannerConfig(min_history_trajectories=8, max_batch=32, allowed_tp=(1,)),
         )
     return LibraConfig(
         run=run,

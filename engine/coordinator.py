@@ -354,6 +354,7 @@ class Coordinator:
             return
         stats = StepStats(step=row["step"], rollout_s=row["rollout_s"], train_s=row["train_s"], sync_s=row["sync_s"],
                           trajectory_tokens=tuple(t.num_tokens for t in batch),
+                          decode_tokens=tuple(t.num_model_tokens for t in batch),  # tool output is not decoded
                           tool_latency_s=tuple(x for t in batch for x in t.tool_latency_s),
                           train_tokens=row["tokens"], role_map=self.role_map)
         decision = self.planner.on_step_end(stats, self.now())

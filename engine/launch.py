@@ -142,6 +142,7 @@ def spawn(
         return _wait(procs, out_q, Mailbox(store, -1))
     finally:
         _kill_all(procs)
+        out_q.close()
         del store
 
 

@@ -29,13 +29,13 @@ log = logging.getLogger("libra")
 
 
 def _valid_tp(cfg) -> tuple[int, ...]:
-    """TP degrees whose split the model allows (heads, kv heads, MLP width divisible)."""
+    """TP degrees the planner allows and the model can split (heads, kv heads, MLP width divisible)."""
     from engine.tp import check_tp_degree
     from engine.models import load_config
 
     hf = load_config(cfg.run.model)
     ok = []
-    for tp in (1, 2, 4, 8):
+    for tp in cfg.planner.allowed_tp:
         try:
             check_tp_degree(hf, tp)
             ok.append(tp)

@@ -31,10 +31,12 @@ def plot_compare(compare: dict, path: Path) -> Path:
     for n in names:
         curve = systems[n]["reward_curve"]
         ax.plot([c[0] for c in curve], [c[1] for c in curve], label=n, lw=2.5 if n == "libra" else 1.2)
-    target = next(iter(systems.values()))["reward_target"]
-    ax.axhline(target, ls="--", color="k", lw=0.8)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_title("reward vs time (a MODEL in simulation)")
+    target = next(iter(systems.values())).get("reward_target")
+    if target is not None:
+        ax.axhline(target, ls="--", color="k", lw=0.8)
+    simulated = compare.get("mode") == "sim"
+    ax.set_xlabel("simulated time (s)" if simulated else "wall time (s)")
+    ax.set_title("reward vs time (a MODEL in simulation)" if simulated else "reward vs time (measured)")
     ax.legend(fontsize=7)
     ax = axes[2]
     x = range(len(names))

@@ -58,7 +58,8 @@ def test_libra_migrates_and_moves_ranks(tmp_path):
     summary, metrics = run_libra(
         tmp_path, "--bench", "swe", "--system", "libra", "--steps", "3", "--rollout.max-new-tokens-per-turn", "40",
         "--router.bucket-max-tokens", "1500,1800", "--planner.ratio-band", "0.99,1.01", "--planner.min-gain-ratio", "0",
-        "--planner.interval-steps", "1")
+        "--planner.interval-steps", "1", "--planner.min-history-trajectories", "1", "--planner.settle-steps", "0",
+        "--planner.allowed-tp", "1,2")  # keep a TP2 instance in the loop: TP must work on gloo
     check_outputs(summary, metrics, 3)
     assert summary["migrations"] >= 1
     assert summary["role_map_changes"] >= 1
