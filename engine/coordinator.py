@@ -102,6 +102,7 @@ class Coordinator:
         self.metrics: list[dict] = []
         self.prompt_cache: dict[str, list[int]] = {}
         self.leaving: set[int] = set()  # instances being drained for a role-map change
+        self._progress_t = self._stall_t = time.monotonic()
         if resume:
             self.ledger.trained_order = list(resume["trained_task_ids"])
             self.metrics = self.writer.truncate_to_step(resume["step"])
@@ -130,7 +131,25 @@ class Coordinator:
                 handler(src, *msg[1:])
         if not msgs:
             time.sleep(0.001)
+        self._report_stall()
         self.view.check_health(self.mailbox, self.ctx.world_size, self.cfg.launch.rank_timeout_s, self.now())
+
+    def _report_stall(self, every_s: float = 30.0) -> None:
+        """Say what the run waits for when nothing has finished for a while."""
+        t = time.monotonic()
+        if t - self._progress_t < every_s or t - self._stall_t < every_s:
+            return
+        self._stall_t = t
+        waiting = {}
+        for st in self.steps.values():
+            for rid in st.rids:
+                if rid not in st.done:
+                    req = self.reqs.get(rid)
+                    where = "gone" if req is None else f"instance {req.instance_id}" + (" (migrating)" if req.migrating else "")
+                    waiting.setdefault(where, []).append(rid)
+        log.warning("[libra] no trajectory finished for %.0f s; waiting for %s; parked %s",
+                    t - self._progress_t, {k: v[:4] + (["..."] if len(v) > 4 else []) for k, v in waiting.items()},
+                    list(self.parked)[:4])
 
     def wait_for(self, kind: str, count: int, what: str) -> list[tuple]:
         """Pump until `count` replies of `kind` arrived (env calls keep being served meanwhile)."""
@@ -224,10 +243,12 @@ class Coordinator:
         for ev in events:
             kind = type(ev).__name__
             req = self.reqs.get(ev.request_id)
-            if req is None or req.migrating:
+            if req is None:
                 continue
-            if kind == "Finished":
+            if kind == "Finished":  # also while an export is in flight: that export will fail, the result stands
                 self._finished(req, ev.trajectory)
+                continue
+            if req.migrating:
                 continue
             if kind == "ToolReturned":
                 decision = self.router.on_tool_return(req.rid, ev.outcome, ev.tokens_so_far, now)
@@ -261,6 +282,7 @@ class Coordinator:
             req.migrating = False  # it finished or waits on a tool: it stays where it is
 
     def _finished(self, req: _Req, traj: Trajectory) -> None:
+        self._progress_t = time.monotonic()
         self.router.on_finish(req.rid, traj.num_tokens, self.now())
         st = self.steps[req.step]
         if traj.finish_reason == "tool_infra":

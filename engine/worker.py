@@ -263,6 +263,7 @@ class Worker:
         else:
             time.sleep(0.001)  # only tools in flight: let their threads run
         if events:
+            log.debug("[libra %s] events %s", self.role(), [(type(e).__name__, e.request_id) for e in events])
             self.mailbox.send(COORD, ("events", self.instance.instance_id, events))
 
     def _serve_messages(self) -> bool:
@@ -288,6 +289,7 @@ class Worker:
         from engine.rollout_types import RolloutRequest
 
         rid = spec["request_id"]
+        log.debug("[libra %s] add %s (resumed=%s)", self.role(), rid, spec.get("state") is not None)
         self.engine.add(RolloutRequest(request_id=rid, task=spec["task"], episode=RemoteEpisode(self.link, rid),
                                        prompt_ids=spec["prompt_ids"], group_id=spec["group_id"], state=spec.get("state")))
 
