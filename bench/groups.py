@@ -22,19 +22,9 @@ from engine.devices import DeviceInfo
 from engine.groups import GroupManager
 from engine.launch import spawn
 from engine.weights import WeightReceiver, WeightSender, manifest
-from scheduler.layout import Bucket, split_role_map
+from scheduler.layout import Bucket, random_role_map
 
 BUCKETS = (Bucket(name="short", max_tokens=4096), Bucket(name="long", max_tokens=None))
-
-
-def _random_map(rng: random.Random, world: int, version: int):
-    num_trainer = rng.randint(1, world - 1)
-    left, insts = world - num_trainer, []
-    while left:
-        tp = rng.choice([t for t in (1, 2, 4) if t <= left])
-        insts.append(("long" if tp > 1 else "short", tp))
-        left -= tp
-    return split_role_map(world_size=world, num_trainer=num_trainer, rollout_tp=tuple(insts), buckets=BUCKETS, version=version)
 
 
 def _state(mb: float) -> dict[str, torch.Tensor]:
@@ -57,7 +47,7 @@ def _bench(ctx, rebuilds: int, mb: float, repeats: int, bucket_mb: float):
     for v in range(1, rebuilds + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        mgr.apply(_random_map(rng, ctx.world_size, v))
+        mgr.apply(random_role_map(rng, ctx.world_size, v, BUCKETS))
         rebuild_s.append(time.perf_counter() - t0)
     mgr.destroy()
     group = dist.new_group(list(range(ctx.world_size)))

@@ -248,3 +248,16 @@ def keep_instance_ids(old: RoleMap, new: RoleMap) -> RoleMap:
             iid, nxt = nxt, nxt + 1
         out.append(dataclasses.replace(inst, instance_id=iid))
     return dataclasses.replace(new, instances=tuple(out)).validate()
+
+
+def random_role_map(rng, world_size: int, version: int, buckets: tuple[Bucket, ...]) -> RoleMap:
+    """A valid random split (TP1 instances in the first bucket, TP2/TP4 in the last), from `rng`
+    (a `random.Random`): group-rebuild tests and benchmarks draw the same sequence on every rank."""
+    num_trainer = rng.randint(1, world_size - 1)
+    left, insts = world_size - num_trainer, []
+    while left:
+        tp = rng.choice([t for t in (1, 2, 4) if t <= left])
+        insts.append((buckets[-1].name if tp > 1 else buckets[0].name, tp))
+        left -= tp
+    return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=tuple(insts), buckets=buckets,
+                          version=version)

@@ -10,20 +10,10 @@ import torch.distributed as dist
 from engine.devices import DeviceInfo
 from engine.groups import GroupManager
 from engine.launch import WorkerFailed, spawn
-from scheduler.layout import Bucket, split_role_map
+from scheduler.layout import Bucket, random_role_map, split_role_map
 
 CPU = DeviceInfo("cpu", 2)
 BUCKETS = (Bucket(name="short", max_tokens=512), Bucket(name="long", max_tokens=None))
-
-
-def random_role_map(rng: random.Random, world_size: int, version: int):
-    num_trainer = rng.randint(1, world_size - 1)
-    left, insts = world_size - num_trainer, []
-    while left:
-        tp = rng.choice([t for t in (1, 2, 4) if t <= left])
-        insts.append(("long" if tp > 1 else "short", tp))
-        left -= tp
-    return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=tuple(insts), buckets=BUCKETS, version=version)
 
 
 def _num_threads() -> int:
@@ -45,7 +35,7 @@ def _rebuild_many(ctx, num_maps):
     rng = random.Random(1234)  # every rank draws the same sequence
     counts = []
     for version in range(1, num_maps + 1):
-        rm = random_role_map(rng, ctx.world_size, version)
+        rm = random_role_map(rng, ctx.world_size, version, BUCKETS)
         g = mgr.apply(rm)
         _check_sum(g.trainer, rm.trainer_ranks, ctx.rank)
         for inst in rm.instances:
@@ -67,7 +57,7 @@ def test_twenty_role_map_changes_on_eight_ranks():
 
 def _disagree(ctx):
     mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=5)
-    rm = random_role_map(random.Random(0), ctx.world_size, version=1 if ctx.rank else 2)
+    rm = random_role_map(random.Random(0), ctx.world_size, 1 if ctx.rank else 2, BUCKETS)
     mgr.apply(rm)
 
 
@@ -83,7 +73,7 @@ def _missing_rank(ctx):
 
         time.sleep(8)
         return
-    mgr.apply(random_role_map(random.Random(0), ctx.world_size, version=1))
+    mgr.apply(random_role_map(random.Random(0), ctx.world_size, 1, BUCKETS))
 
 
 def test_missing_rank_is_named():
