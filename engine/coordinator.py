@@ -29,7 +29,6 @@ across a resume; staleness never exceeds max_staleness.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import logging
 import random
 import time

@@ -30,7 +30,6 @@ import random
 import re
 import string
 from dataclasses import dataclass
-from pathlib import Path
 
 import bm25s
 
