@@ -131,6 +131,7 @@ class Coordinator:
         if not msgs:
             time.sleep(0.001)
         self._report_stall()
+        self.view.tick(self.now(), self.role_map, self.reqs, self.trained, self.cfg.run.steps)
         self.view.check_health(self.mailbox, self.ctx.world_size, self.cfg.launch.rank_timeout_s, self.now())
 
     def _report_stall(self, every_s: float = 30.0) -> None:
@@ -180,6 +181,7 @@ class Coordinator:
                 self.maybe_train()
         finally:
             self.writer.trace()
+            self.view.close()
         return self.shutdown()
 
     def admit(self) -> None:
