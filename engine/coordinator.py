@@ -147,6 +147,8 @@ class Coordinator:
                     req = self.reqs.get(rid)
                     where = "gone" if req is None else f"instance {req.instance_id}" + (" (migrating)" if req.migrating else "")
                     waiting.setdefault(where, []).append(rid)
+        if not waiting:  # every admitted trajectory is done: the run waits on the trainer, which is not a stall
+            return
         log.warning("[libra] no trajectory finished for %.0f s; waiting for %s; parked %s",
                     t - self._progress_t, {k: v[:4] + (["..."] if len(v) > 4 else []) for k, v in waiting.items()},
                     list(self.parked)[:4])
