@@ -97,7 +97,6 @@ class Coordinator:
         self.last_step_end = 0.0
         self.migrations = 0
         self.reconfig_s = 0.0
-        self.step_rewards: list[float] = []
         self.metrics: list[dict] = []
         self.prompt_cache: dict[str, list[int]] = {}
         self.leaving: set[int] = set()  # instances being drained for a role-map change
