@@ -147,14 +147,26 @@ def _fstab_path(path: str) -> str:
     return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
 
 
-def _fstab(hidden: list[str], exposed: list[str], tmpfs_mb: int, cwd: str) -> str:
+def _stage_root() -> str:
+    """Where exposed dirs wait while their parents get covered: outside every covered dir when we
+    are root (so a venv or repo under /tmp, as in a CI checkout, stays reachable), else in /tmp."""
+    return "/run/.libra-stage" if os.geteuid() == 0 and os.path.isdir("/run") else "/tmp/.libra-stage"
+
+
+def _fstab(hidden: list[str], exposed: list[str], tmpfs_mb: int, cwd: str, stage: str | None = None) -> str:
     """Mounts for the namespace init, in order; one `mount -a` does them all (one exec, not ten)."""
     q = _fstab_path
-    rows = [f"none {d} tmpfs size={tmpfs_mb}m,mode=1777 0 0" for d in _PRIVATE_TMP_DIRS if os.path.isdir(d)]
-    # Stage exposed dirs (e.g. the interpreter under /root) before their parents get covered.
-    rows += [f"{q(d)} /tmp/.libra-stage/{i} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
-    rows += [f"none {q(d)} tmpfs size=1m,mode=755 0 0" for d in hidden if os.path.isdir(d)]
-    rows += [f"/tmp/.libra-stage/{i} {q(d)} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
+    stage = stage or _stage_root()
+    private = [d for d in _PRIVATE_TMP_DIRS if os.path.isdir(d)]
+    tmp_rows = [f"none {d} tmpfs size={tmpfs_mb}m,mode=1777 0 0" for d in private]
+    # Stage exposed dirs (e.g. the interpreter under /root or a venv under /tmp) before their
+    # parents get covered; a stage inside /tmp itself must wait until the fresh /tmp is there.
+    stage_rows = [f"{q(d)} {stage}/{i} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
+    rows = tmp_rows + stage_rows if any(_under(stage, d) for d in private) else stage_rows + tmp_rows
+    # a hidden dir under a fresh tmpfs is hidden already (and its mount point is gone)
+    rows += [f"none {q(d)} tmpfs size=1m,mode=755 0 0" for d in hidden
+             if os.path.isdir(d) and not any(_under(d, p) for p in private)]
+    rows += [f"{stage}/{i} {q(d)} none bind,X-mount.mkdir 0 0" for i, d in enumerate(exposed)]
     # The init's cwd still is the real work dir after /tmp was covered: bind it back at its path
     # (--no-canonicalize keeps /proc/self/cwd a magic link the kernel follows).
     rows.append(f"/proc/self/cwd {q(cwd)} none bind,X-mount.mkdir 0 0")
@@ -250,7 +262,8 @@ class Sandbox:
             return [*self._limits(), *argv], None
         cwd_real = os.path.realpath(cwd)
         hidden = [h for h in self._hidden if not _under(cwd_real, h)]
-        exposed = [e for e in self._exposed if any(_under(e, h) for h in hidden)]
+        covered = hidden + [d for d in _PRIVATE_TMP_DIRS if os.path.isdir(d)]
+        exposed = [e for e in self._exposed if any(_under(e, h) for h in covered)]
         fstab = self._root / f".fstab-{uuid.uuid4().hex}"
         fstab.write_text(_fstab(hidden, exposed, self.cfg.tmpfs_mb, cwd_real))
         command = [*_outer_argv(self._uid is not None), "sh", "-c", _INIT_SCRIPT, "libra-sandbox", str(fstab), cwd_real,

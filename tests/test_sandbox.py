@@ -182,3 +182,15 @@ def test_workdir_removed_and_missing_workdir_is_infra_error():
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SandboxConfig(**kw)
+
+
+def test_fstab_stages_a_venv_under_tmp_before_tmp_is_covered():
+    # A CI checkout under /tmp: its venv must be bound away before the fresh /tmp hides it.
+    from envs.sandbox import _fstab
+
+    rows = _fstab(["/root", "/tmp/ci/repo"], ["/tmp/ci/repo/.venv"], 64, "/tmp/w", stage="/run/.libra-stage").splitlines()
+    stage_in = rows.index("/tmp/ci/repo/.venv /run/.libra-stage/0 none bind,X-mount.mkdir 0 0")
+    tmp = rows.index("none /tmp tmpfs size=64m,mode=1777 0 0")
+    back = rows.index("/run/.libra-stage/0 /tmp/ci/repo/.venv none bind,X-mount.mkdir 0 0")
+    assert stage_in < tmp < back
+    assert not any(r.startswith("none /tmp/ci/repo ") for r in rows)  # hidden by the fresh /tmp already
