@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -209,17 +210,23 @@ def _parser_for(tp):
 
 def _help_of(cls, name: str) -> str:
     """The field's one-line comment, read from the source (the comment is the documentation)."""
+    return _field_comments(cls).get(name, "")
+
+
+@functools.cache
+def _field_comments(cls) -> dict[str, str]:
     import inspect
 
     try:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
-        return ""
+        return {}
+    out = {}
     for line in src.splitlines():
-        s = line.strip()
-        if s.startswith(f"{name}:") and "#" in s:
-            return s.split("#", 1)[1].strip()
-    return ""
+        head, sep, comment = line.strip().partition("#")
+        if sep and ":" in head:
+            out.setdefault(head.split(":", 1)[0].strip(), comment.strip())
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -83,7 +83,7 @@ class Coordinator:
                                        timeout_s=cfg.launch.timeout_s)
         self.pool = cf.ThreadPoolExecutor(max(8, cfg.rollout.tool_workers), thread_name_prefix="libra-env")
         self.writer = RunWriter(self.out)
-        self.view = StepView(cfg, self.writer)
+        self.view = StepView()
         self.ledger = Ledger()
         self.reqs: dict[str, _Req] = {}
         self.steps: dict[int, _Step] = {}

@@ -3,7 +3,8 @@
 `spawn(target, num_procs, ...)` starts `num_procs` processes (forkserver with preloaded modules
 on CPU: PLATFORM.md measured ~5 s for 8 ranks against 17-28 s with spawn), hosts the TCPStore
 they rendezvous on, and waits. Each child:
-  - dies with the launcher (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no orphans;
+  - dies with its parent (PR_SET_PDEATHSIG); its parent is the forkserver (or the launcher with
+    spawn), which exits when the launcher dies, so a SIGKILLed launcher leaves no orphans;
   - joins the default process group (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU) through the store;
   - runs `target(ctx, *args)` and sends back its result, or its traceback with its role named.
 The launcher returns the results in rank order, or, as soon as one rank raises or dies,
@@ -93,8 +94,6 @@ def _init_dist(store: dist.Store, rank: int, world_size: int, info: DeviceInfo, 
 def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q):
     _die_with_parent()
     os.setpgrp()  # our own process group, so teardown reaches tool subprocesses too
-    if os.getppid() == 1:  # the launcher died before we got here
-        os._exit(1)
     torch.set_num_threads(max(1, threads))
     logging.basicConfig(level=os.environ.get("LIBRA_LOG", "INFO"), format=f"%(asctime)s [rank {rank}] %(message)s",
                         datefmt="%H:%M:%S", force=True)

@@ -20,9 +20,7 @@ log = logging.getLogger("libra")
 
 
 class StepView:
-    def __init__(self, cfg, writer):
-        self.cfg = cfg
-        self.writer = writer
+    def __init__(self):
         self.reconfiguring = False
         self.role_changes = 0
         self._last_health = time.monotonic()
