@@ -49,6 +49,7 @@ class RunConfig:
     num_tasks: int = 0  # tasks to draw from the bench; 0 = all
     level: int = -1  # bench difficulty level to keep (-1 = all levels)
     data: str = ""  # local parquet/jsonl in the verl row schema instead of the generated tasks
+    demo_turns: int = -1  # solved example exchanges shown before each task (envs/demo.py); -1 = 1 for smollm2, else 0
     sim: bool = False  # run the cluster simulator instead of real ranks
     compare: bool = False  # run every system on the same tasks and seed, write compare.json/png
     compare_systems: tuple[str, ...] = ()  # systems for --compare (comma-separated); empty = all real systems
@@ -69,6 +70,8 @@ class RunConfig:
             raise ValueError(f"--steps {self.steps} must be >= 1")
         if self.num_tasks < 0:
             raise ValueError(f"--num-tasks {self.num_tasks} must be >= 0 (0 = all tasks)")
+        if self.demo_turns < -1:
+            raise ValueError(f"--demo-turns {self.demo_turns} must be >= 0, or -1 for the model's default")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,7 +293,14 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
 
 
 def _derive(cfg: LibraConfig) -> LibraConfig:
-    """The trainer drops what the coordinator would call stale, and scores log-probs at the rollout's temperature."""
+    """The trainer drops what the coordinator would call stale, and scores log-probs at the rollout's temperature.
+
+    `--demo-turns -1` becomes 1 for SmolLM2 on generated tasks (they come with an oracle to
+    demonstrate), 0 otherwise; here rather than in the presets so a resumed run resolves it too.
+    """
+    if cfg.run.demo_turns < 0:
+        demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data else 0
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, max_staleness=cfg.step.max_staleness, temperature=temperature))

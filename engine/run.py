@@ -102,7 +102,8 @@ class CoordinatorParts:
 
 def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -> CoordinatorParts:
     from engine.models import load_tokenizer
-    from envs.registry import make_env
+    from envs.demo import add_demo_turns
+    from envs.registry import make_env, scripted_agents
     from scheduler.systems import get_system, make_planner, make_router
 
     env = make_env(cfg.run.bench, seed=cfg.run.seed, num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
@@ -110,6 +111,8 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
+    if cfg.run.demo_turns > 0:
+        tasks = add_demo_turns(tasks, cfg.run.demo_turns, scripted_agents(cfg.run.bench)[0])
     router = make_router(cfg.run.system, cfg.router)
     if resume and resume.get("prefix_tree") and hasattr(router, "load_tree_json"):
         router.load_tree_json(resume["prefix_tree"])

@@ -33,6 +33,17 @@ def test_derived_fields_follow_their_source():
     assert "--trainer.max-staleness" not in build_parser().format_help()
 
 
+@pytest.mark.parametrize("argv, demo_turns", [
+    ([], 1),  # SmolLM2 is the default model: it needs a demonstration to call tools at all
+    (["--model", "tiny"], 0),
+    (["--data", "rows.jsonl"], 0),  # file tasks carry no oracle to demonstrate with
+    (["--demo-turns", "0"], 0),
+    (["--model", "tiny", "--demo-turns", "2"], 2),
+])
+def test_demo_turns_default_follows_the_model(argv, demo_turns):
+    assert parse_args(argv, device_kind_of=lambda d: "cpu").run.demo_turns == demo_turns
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = parse_args(["--bench", "search", "--planner.ratio-band", "0.9,1.1"], device_kind_of=lambda d: "cpu")
     cfg.write(tmp_path / "config.json")
@@ -44,6 +55,7 @@ def test_resolved_config_round_trips(tmp_path):
     (["--system", "fast"], r"--system 'fast' is not one of"),
     (["--nproc", "1"], r"--nproc 1: Libra needs >= 2 worker ranks"),
     (["--steps", "0"], r"--steps 0 must be >= 1"),
+    (["--demo-turns", "-2"], r"--demo-turns -2 must be >= 0, or -1 for the model's default"),
     (["--step.samples-per-prompt", "1"], r"--step.samples-per-prompt 1 >= 2 \(GRPO compares samples within a group\)"),
     (["--sync.bucket-size-mb", "0"], r"--sync.bucket-size-mb 0.0 must be > 0"),
     (["--launch.start-method", "fork"], r"must be forkserver or spawn"),
