@@ -18,8 +18,9 @@ Algorithm of one `train_step(trajectories, policy_version)`:
      exactly what the training forward evaluates, so recomputing costs no extra forward: the
      detached log-probs of that same forward are used (ratio 1 on those tokens).
   5. Clip the gradient norm, AdamW step, `policy_version += 1`. A batch whose advantages are
-     all zero (and no KL) carries no signal: the optimizer does not step, so weight decay and
-     Adam's step count leave the weights exactly as they were.
+     all zero (and no KL) carries no signal: its gradient is exactly zero, so the step runs no
+     forward or backward at all (every rank decides alike from the same list) and the optimizer
+     does not step, so weight decay and Adam's step count leave the weights exactly as they were.
 
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
 change otherwise; loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
@@ -220,13 +221,16 @@ class Trainer:
         start_s = time.perf_counter()
         self._check_batch(trajectories, policy_version)
         advantages = trajectory_advantages(trajectories, normalize_std=self.cfg.normalize_std, eps=self.cfg.adv_eps)
-        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens)
-        num_micro = max(len(micros) for micros in plan)
         # Position 0 is never a target, so count model tokens from position 1 on.
         seq_tokens = [sum(t.loss_mask[1:]) for t in trajectories]
+        if self.cfg.kl_coef == 0 and not any(a != 0.0 and n > 0 for a, n in zip(advantages, seq_tokens)):
+            # An early-run policy often earns the same reward on every sample (SmolLM2 on swe: all 0);
+            # skipping its forward/backward saves a whole step of trainer time and changes no result.
+            self.policy_version += 1
+            return self._metrics({"loss": 0.0, "pg_loss": 0.0, "kl": 0.0}, trajectories, advantages, 0.0, False, 0, start_s)
+        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens)
+        num_micro = max(len(micros) for micros in plan)
         denoms = {"num_tokens": max(sum(seq_tokens), 1), "num_seqs": max(sum(1 for n in seq_tokens if n), 1)}
-        has_signal = self.cfg.kl_coef > 0 or any(a != 0.0 and n > 0 for a, n in zip(advantages, seq_tokens))
-
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         mine = plan[self.rank]
@@ -241,11 +245,10 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        if has_signal:
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
-        return self._metrics(sums, trajectories, advantages, float(grad_norm), has_signal, num_micro, start_s)
+        return self._metrics(sums, trajectories, advantages, float(grad_norm), True, num_micro, start_s)
 
     def _micro_step(self, batch: dict[str, torch.Tensor], policy_version: int, denoms: dict) -> dict[str, float]:
         cfg = self.cfg
@@ -282,7 +285,7 @@ class Trainer:
             return torch.ones_like(versions, dtype=torch.bool)
         return versions < policy_version
 
-    def _metrics(self, sums, trajectories, advantages, grad_norm, has_signal, num_micro, start_s) -> dict[str, float]:
+    def _metrics(self, sums, trajectories, advantages, grad_norm, stepped, num_micro, start_s) -> dict[str, float]:
         keys = sorted(sums)
         if self.sharded:
             packed = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
@@ -293,7 +296,7 @@ class Trainer:
         metrics = {f"train/{k}": float(sums[k]) for k in keys}
         metrics.update({
             "train/grad_norm": grad_norm,
-            "train/stepped": float(has_signal),
+            "train/stepped": float(stepped),
             "train/tokens": float(sum(t.num_tokens for t in trajectories)),
             "train/model_tokens": float(sum(t.loss_mask[1:].count(1) for t in trajectories)),
             "train/trajectories": float(len(trajectories)),

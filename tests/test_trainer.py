@@ -89,6 +89,7 @@ def test_zero_advantage_step_changes_nothing_even_with_weight_decay():
     after = params(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert metrics["train/stepped"] == 0.0 and metrics["train/loss"] == 0.0
+    assert metrics["train/micro_batches"] == 0.0  # a zero gradient needs no forward or backward
     assert trainer.policy_version == 1
 
 
