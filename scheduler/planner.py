@@ -28,14 +28,16 @@ Algorithm:
    `settle_steps` steps after the start or a switch (mixed loads/layouts) do not calibrate, and
    trigger only when their ratio is more than 2x outside the band (overlap cannot explain that). Measured
    rollout per step is min(batch critical path, step period): overlapping batches share devices. Apply only if current/new >= 1 + `min_gain_ratio` and the gain per step x
-   remaining steps exceeds the reconfiguration cost. `rollout_scale`/`train_scale` are EMAs of
+   remaining steps exceeds the reconfiguration cost, and, on a ratio trigger, only if it does not
+   take ranks from the stage the clock says is short. `rollout_scale`/`train_scale` are EMAs of
    measured/predicted times on the layout that ran, so the model tracks the real machine.
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
-steps leave the calibration alone and trigger only far outside the band; MLFQ demands count every trajectory in the first bucket.
+steps leave the calibration alone and trigger only far outside the band; MLFQ demands count every trajectory in the first bucket;
+a plan against the measured bottleneck is refused.
 """
 
 from __future__ import annotations
@@ -217,13 +219,22 @@ class GlobalPlanner:
         wl = Workload.from_stats(self._history)
         if self.current is None:
             return self.plan(wl)
-        return self._maybe_apply(wl, f"ratio={ratio:.2f}" + (" outside band" if drift else " periodic"))
+        # The stage the measurement says is short of ranks; a plan taking ranks from it is refused.
+        starved = ("rollout" if ratio > hi else "train") if drift else None
+        return self._maybe_apply(wl, f"ratio={ratio:.2f}" + (" outside band" if drift else " periodic"), starved)
 
-    def _maybe_apply(self, wl: Workload, why: str) -> PlanDecision | None:
+    def _maybe_apply(self, wl: Workload, why: str, starved: str | None = None) -> PlanDecision | None:
         best = self._search(wl)
         cur_s = self._predict_map(self.current, wl)[0]
         role_map = self._build(best)
         moved = self._num_moved(self.current, role_map)
+        grow = len(role_map.rollout_ranks) - len(self.current.rollout_ranks)
+        if (starved == "rollout" and grow < 0) or (starved == "train" and grow > 0):
+            # An uncalibrated model can contradict the clock (a trainer that skipped a no-signal
+            # step measures ~0 s while the model still predicts minutes): trust the clock.
+            logger.info("plan kept (%s): %s is the measured bottleneck but the model's best plan gives it fewer ranks",
+                        why, starved)
+            return None
         reconfig = self.cm.reconfig_s(moved)
         gain = cur_s - best.step_s
         if moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:

@@ -213,6 +213,17 @@ def test_settling_step_triggers_only_far_outside_the_band():
     assert len(d.role_map.trainer_ranks) > len(p.first.role_map.trainer_ranks)
 
 
+def test_a_plan_against_the_measured_bottleneck_is_refused():
+    # The model believes training needs 100x the tokens, but the clock says training took ~0 s
+    # (a trainer skips a step whose rewards are all equal): never move ranks to training then.
+    p = _plain_planner(settle_steps=1, interval_steps=100)
+    r = p.first.details["rollout_s"]
+    idle_trainer = StepStats(step=0, rollout_s=r, train_s=r / 1e4, trajectory_tokens=p.lens,
+                             train_tokens=int(1e7), role_map=p.current)
+    assert p._search(Workload.from_stats([idle_trainer])).num_rollout < len(p.first.role_map.rollout_ranks)
+    assert p.on_step_end(idle_trainer, 1e4) is None
+
+
 def test_settling_steps_neither_calibrate_nor_trigger():
     p = _plain_planner(settle_steps=2)
     r, t = p.first.details["rollout_s"], p.first.details["train_s"]
