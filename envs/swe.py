@@ -134,11 +134,18 @@ def make_task(record: dict, level: int) -> Task:
 
 
 def oracle_actions(task: Task) -> list[str]:
-    """A scripted agent that knows the patch: view, replace back to the original, run tests, submit."""
+    """A scripted agent that knows the patch: view, replace back to the original, run tests, submit.
+
+    At level 0 the issue text shows the code and the call, so it does what that text says: the
+    fix, then submit (the first action is also what `--demo-turns` shows a policy).
+    """
     a, file, line = task.answer, task.meta["file"], task.meta["bug_line"]
+    fix = "Fix it. " + _call("replace", path=file, old=a["patch_old"], new=a["patch_new"])
+    if task.level == 0:
+        return [fix, _call("submit")]
     return [
         "Let me look at the code. " + _call("view_file", path=file, start_line=max(1, line - 3), end_line=line + 3),
-        "Fix it. " + _call("replace", path=file, old=a["patch_old"], new=a["patch_new"]),
+        fix,
         _call("run_tests"),
         _call("submit"),
     ]

@@ -114,12 +114,23 @@ def test_bad_calls_become_failures(env):
 
 def test_full_oracle_script_on_three_tasks(env):
     tasks = swe.SweEnv(seed=3, num_tasks=3).tasks()
+    assert {t.level for t in tasks} != {0}
     for task in tasks:
         reward, results = run_scripted(env, task, swe.oracle_actions(task))
         assert reward == 1.0, (task.task_id, [r.text[:300] for r in results])
-        assert [r.tool for r in results] == ["view_file", "replace", "run_tests", "submit"]
-        assert results[2].text.startswith("PASSED: ") and results[3].done
-        assert all(r.status == "success" for r in results)
+        if task.level == 0:  # the issue text shows the fix: no need to look or test first
+            assert [r.tool for r in results] == ["replace", "submit"]
+        else:
+            assert [r.tool for r in results] == ["view_file", "replace", "run_tests", "submit"]
+            assert results[2].text.startswith("PASSED: ")
+        assert results[-1].done and all(r.status == "success" for r in results)
+
+
+def test_level0_oracle_follows_the_issue_text(env):
+    task = swe.SweEnv(seed=0, level=0, num_tasks=1).tasks()[0]
+    reward, results = run_scripted(env, task, swe.oracle_actions(task))
+    assert reward == 1.0 and [r.tool for r in results] == ["replace", "submit"]
+    assert swe.oracle_actions(task)[0].split(" ", 2)[2] in task.messages[-1]["content"]  # the call the text shows
 
 
 def test_run_tests_reports_the_failure_first(env):
@@ -200,7 +211,7 @@ def test_episodes_clean_up_their_work_dirs(env):
 
 
 def test_oracle_actions_are_hermes_calls(env):
-    task = _calc_task(env, level=0)
+    task = _calc_task(env, level=1)
     actions = swe.oracle_actions(task)
     calls = [parse_tool_calls(a)[0] for a in actions]
     assert [c.name for c in calls] == ["view_file", "replace", "run_tests", "submit"]
