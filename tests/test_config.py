@@ -24,7 +24,7 @@ def test_flags_override_the_cpu_preset():
     assert cfg.rollout.max_turns == 3
     assert cfg.router.bucket_max_tokens == (100, 200)
     assert cfg.trainer.normalize_std is False
-    assert cfg.rollout.max_new_tokens_per_turn == 64  # from the CPU preset
+    assert cfg.rollout.max_new_tokens_per_turn == 128  # from the CPU preset for SmolLM2
 
 
 def test_derived_fields_follow_their_source():
