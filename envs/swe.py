@@ -13,7 +13,9 @@ Algorithm:
      PASSED/FAILED summary line first), submit.
   3. `submit()` copies the model's package next to a pristine copy of the project's tests (the
      hidden tests) in a second sandbox dir and runs them; reward 1.0 if pytest exits 0 with every
-     test passed, else 0.0. Only a submit is rewarded: an episode that stops without one scores 0.
+     test passed, else 0.0. An episode that ends without a submit (the model stops calling
+     tools, or runs out of turns or tokens) is graded the same way on its final repository, as
+     SWE-bench grades the final diff (`SweConfig.grade_unsubmitted=False`: only a submit earns).
   4. `close()` removes the episode's work dirs.
 
 Invariants (tests/test_envs_swe*.py): an oracle agent that applies the known patch gets 1.0 and an
@@ -53,6 +55,7 @@ class SweConfig:
     max_output_chars: int = 3000  # run_tests output beyond this is cut in the middle
     view_max_lines: int = 120  # lines one view_file call shows at most
     search_max_hits: int = 40  # matches one search call lists at most
+    grade_unsubmitted: bool = True  # grade an episode that ends without submit on its final repository
 
     def __post_init__(self):
         if self.test_timeout_s <= 0:
@@ -248,6 +251,8 @@ class SweEpisode:
         return 1.0 if passed else 0.0
 
     def score(self, final_text: str) -> float:
+        if self.reward is None and self.cfg.grade_unsubmitted:
+            self.reward = self._hidden_tests_pass()
         return 0.0 if self.reward is None else self.reward
 
     def close(self) -> None:

@@ -165,6 +165,21 @@ def test_oracle_gets_reward_one_on_a_50_task_sample(env):
     assert rewards == [1.0] * 50
 
 
+def test_an_unsubmitted_episode_is_graded_on_its_final_repository(env):
+    task = _calc_task(env)
+    fix = call("replace", path=task.meta["file"], old=task.answer["patch_old"], new=task.answer["patch_new"])
+    strict = swe.SweEnv(seed=0, cfg=swe.SweConfig(grade_unsubmitted=False))
+    for e, fixed, expected in ((env, True, 1.0), (env, False, 0.0), (strict, True, 0.0)):
+        ep = e.start(task)
+        try:
+            if fixed:
+                assert ep.execute(fix).status == "success"
+            assert ep.score("the model stopped without submit") == expected, (fixed, e.cfg)
+        finally:
+            ep.close()
+    strict.close()
+
+
 def test_wrong_agent_that_disables_tests_gets_zero(env):
     for task in swe.SweEnv(seed=5, num_tasks=4).tasks():
         reward, results = run_scripted(env, task, swe.wrong_actions(task))
