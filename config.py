@@ -162,7 +162,8 @@ def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
                                   temperature=1.0 if tiny else 0.7, top_p=1.0 if tiny else 0.95, tool_timeout_s=20.0),
             # 1k-token micro-batches: SmolLM2's 49k-vocab logits cost ~0.2 GB per 1k tokens in fp32
             trainer=TrainerConfig(lr=1e-3 if tiny else 1e-5, micro_batch_tokens=1024),
-            router=cpu_router_config(bucket_max_tokens=(1024, 1536) if tiny else (1536, 2048)),
+            # SmolLM2 swe prompts are ~1.1-1.3k tokens: the short bucket keeps what ends soon after one call
+            router=cpu_router_config(bucket_max_tokens=(1024, 1536) if tiny else (1400, 2048)),
             launch=LaunchConfig(trainer_frac=0.25),
             # a CPU run is a few steps of 4 trajectories: re-plan once two steps have been seen.
             # TP1 only: on shared CPU cores a TP group adds gloo traffic and no speed
