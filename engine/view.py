@@ -53,7 +53,7 @@ class StepView:
         r = self._last_row
         if r is not None:
             table.caption = (f"last step: reward {r['reward_mean']:.3f}  {r['tokens'] / max(r['step_s'], 1e-9):.0f} tok/s  "
-                             f"migrations {r['migrations']}  staleness {r['staleness_max']}")
+                             f"migrations so far {r['migrations']}  staleness {r['staleness_max']}")
         self._live.update(table)
 
     def close(self) -> None:
@@ -75,7 +75,7 @@ class StepView:
         line = (f"[libra] step {row['step']}/{num_steps} {row['step_s']:.1f}s (rollout {row['rollout_s']:.1f} "
                 f"train {row['train_s']:.1f} sync {row['sync_s']:.2f} reconfig {row['reconfig_s']:.1f}) | "
                 f"reward {row['reward_mean']:.3f} | {row['trajectories']} traj {row['tokens']} tok {tok_s:.0f} tok/s | "
-                f"migrations {row['migrations']} staleness {row['staleness_max']} | {row['role_map_desc']}")
+                f"migrations so far {row['migrations']} staleness {row['staleness_max']} | {row['role_map_desc']}")
         self._last_row = row
         if self._console is not None:
             self._console.print(line, highlight=False, markup=False)
