@@ -376,7 +376,8 @@ class Coordinator:
     def _replan(self, row: dict, batch: list[Trajectory]) -> None:
         if self.planner is None:
             return
-        stats = StepStats(step=row["step"], rollout_s=row["rollout_s"], train_s=row["train_s"], sync_s=row["sync_s"],
+        train_s = row["train_s"] if row.get("train/stepped", 1) else 0.0  # a skipped update measures no training
+        stats = StepStats(step=row["step"], rollout_s=row["rollout_s"], train_s=train_s, sync_s=row["sync_s"],
                           trajectory_tokens=tuple(t.num_tokens for t in batch),
                           decode_tokens=tuple(t.num_model_tokens for t in batch),  # tool output is not decoded
                           tool_latency_s=tuple(x for t in batch for x in t.tool_latency_s),

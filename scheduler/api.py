@@ -69,7 +69,7 @@ class StepStats:
 
     step: int
     rollout_s: float  # wall time of the step's rollout phase (or its critical path)
-    train_s: float  # wall time of the trainer update
+    train_s: float  # wall time of the trainer update; 0 = not measured (the trainer skipped a no-signal step)
     sync_s: float = 0.0  # weight transfer
     trajectory_tokens: tuple[int, ...] = ()  # total tokens of each trajectory finished this step
     tool_latency_s: tuple[float, ...] = ()  # latency of each tool call this step

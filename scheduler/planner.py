@@ -201,9 +201,10 @@ class GlobalPlanner:
         rollout_s = self._rollout_per_step_s(stats, now)
         if settled:
             self._calibrate(stats, rollout_s)
-        ratio = rollout_s / stats.train_s if stats.train_s > 0 else math.inf
+        # No training time (a skipped no-signal step) is no measurement, not an infinitely fast trainer.
+        ratio = rollout_s / stats.train_s if stats.train_s > 0 else 1.0
         lo, hi = self.cfg.ratio_band
-        drift = not lo <= ratio <= hi
+        drift = stats.train_s > 0 and not lo <= ratio <= hi
         # Two overlapping batches can at most double a batch's measured rollout; an imbalance far
         # beyond that (e.g. 29x on a first layout that swamps its one TP8 instance) is real, and
         # waiting two more steps on that layout cost more than the whole rest of the run gained.

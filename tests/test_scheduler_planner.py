@@ -224,6 +224,20 @@ def test_a_plan_against_the_measured_bottleneck_is_refused():
     assert p.on_step_end(idle_trainer, 1e4) is None
 
 
+def test_a_step_without_training_time_neither_triggers_nor_calibrates_training():
+    # train_s=0: the trainer skipped a no-signal step, so the step measured no training at all.
+    p = _plain_planner(settle_steps=0, interval_steps=100)
+    r = p.first.details["rollout_s"]
+    skipped = StepStats(step=0, rollout_s=r, train_s=0.0, trajectory_tokens=p.lens, train_tokens=int(1e7),
+                        role_map=p.current)
+    assert p.on_step_end(skipped, 1e4) is None and p.train_scale == 1.0
+    # the same step with a measured (tiny) training time is a real ratio and does trigger
+    q = _plain_planner(settle_steps=0, interval_steps=100)
+    timed = StepStats(step=0, rollout_s=r, train_s=r * 30, trajectory_tokens=q.lens, train_tokens=int(1e7),
+                      role_map=q.current)
+    assert q.on_step_end(timed, 1e4) is not None and q.train_scale != 1.0
+
+
 def test_settling_steps_neither_calibrate_nor_trigger():
     p = _plain_planner(settle_steps=2)
     r, t = p.first.details["rollout_s"], p.first.details["train_s"]
