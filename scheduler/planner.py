@@ -202,7 +202,7 @@ class GlobalPlanner:
         if settled:
             self._calibrate(stats, rollout_s)
         # No training time (a skipped no-signal step) is no measurement, not an infinitely fast trainer.
-        ratio = rollout_s / stats.train_s if stats.train_s > 0 else 1.0
+        ratio = rollout_s / stats.train_s if stats.train_s > 0 else math.nan  # logged as "ratio=nan"
         lo, hi = self.cfg.ratio_band
         drift = stats.train_s > 0 and not lo <= ratio <= hi
         # Two overlapping batches can at most double a batch's measured rollout; an imbalance far
