@@ -231,7 +231,7 @@ def test_a_step_without_training_time_neither_triggers_nor_calibrates_training()
     skipped = StepStats(step=0, rollout_s=r, train_s=0.0, trajectory_tokens=p.lens, train_tokens=int(1e7),
                         role_map=p.current)
     assert p.on_step_end(skipped, 1e4) is None and p.train_scale == 1.0
-    # the same step with a measured (tiny) training time is a real ratio and does trigger
+    # the same step with a measured training time (30x the rollout) is a real ratio and does trigger
     q = _plain_planner(settle_steps=0, interval_steps=100)
     timed = StepStats(step=0, rollout_s=r, train_s=r * 30, trajectory_tokens=q.lens, train_tokens=int(1e7),
                       role_map=q.current)
