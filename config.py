@@ -2,7 +2,8 @@
 
 `LibraConfig` composes the sub-configs; each subsystem gets only its own section (the router
 never sees the trainer's learning rate). Sections owned by other packages (rollout, trainer,
-router, planner) are defined next to their code and imported here.
+buckets, router, planner) are defined next to their code, in torch-free modules, and imported
+here: parsing flags, `--help` and `--sim` never import torch.
 
 CLI: the run section's fields are top-level flags (`--bench swe --steps 5`); every other field is
 `--SECTION.FIELD` (`--rollout.max-turns 6`, `--router.tree.window 300`); tuples are given
@@ -26,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.rollout_types import RolloutConfig
+from engine.trainer_config import TrainerConfig
+from envs.registry import BENCHES
+from scheduler.layout import BucketsConfig
 from scheduler.planner import PlannerConfig
 from scheduler.routers import RouterConfig, cpu_router_config
 from scheduler.systems import SYSTEMS
-from engine.trainer import TrainerConfig
-
-BENCHES = ("swe", "search", "math", "toy")
 # Fields set from another section so the two can never disagree; they get no flag of their own.
 DERIVED = {"trainer.max_staleness": "step.max_staleness", "trainer.temperature": "rollout.temperature"}
 
@@ -128,6 +129,7 @@ class LibraConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    buckets: BucketsConfig = field(default_factory=BucketsConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
 
@@ -163,7 +165,8 @@ def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
             # 1k-token micro-batches: SmolLM2's 49k-vocab logits cost ~0.2 GB per 1k tokens in fp32
             trainer=TrainerConfig(lr=1e-3 if tiny else 1e-5, micro_batch_tokens=1024),
             # SmolLM2 swe prompts are ~1.1-1.3k tokens: the short bucket keeps what ends soon after one call
-            router=cpu_router_config(bucket_max_tokens=(1024, 1536) if tiny else (1400, 2048)),
+            buckets=BucketsConfig(max_tokens=(1024, 1536) if tiny else (1400, 2048)),
+            router=cpu_router_config(),
             launch=LaunchConfig(trainer_frac=0.25),
             # a CPU run is a few steps of 4 trajectories: re-plan once two steps have been seen.
             # TP1 only: on shared CPU cores a TP group adds gloo traffic and no speed

@@ -24,7 +24,7 @@ import numpy as np
 
 from scheduler.api import OutcomeState
 from scheduler.costmodel import calibrate_cpu, get_cost_model
-from scheduler.layout import split_role_map
+from scheduler.layout import BucketsConfig, split_role_map
 from scheduler.planner import GlobalPlanner, Workload
 from scheduler.prefix_tree import PrefixTreeConfig
 from scheduler.routers import RouterConfig
@@ -67,7 +67,8 @@ def _synthetic(rng: random.Random, cfg: RouterConfig):
 def bench_router(kind: str, num_events: int, in_flight: int, seed: int = 0) -> list[float]:
     cfg = RouterConfig(tree=PrefixTreeConfig(window=2000, rebuild_every=10**9, min_samples=4))
     rm = split_role_map(world_size=64, num_trainer=16,
-                        rollout_tp=(("short", 1),) * 32 + (("medium", 2),) * 4 + (("long", 4),) * 2, buckets=cfg.buckets())
+                        rollout_tp=(("short", 1),) * 32 + (("medium", 2),) * 4 + (("long", 4),) * 2,
+                        buckets=BucketsConfig().buckets())
     r = ROUTERS[kind](cfg)
     r.set_layout(rm, 0.0)
     rng = random.Random(seed)

@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
-KL_KINDS = ("k1", "k2", "k3")
+from engine.trainer_config import AGGREGATIONS, KL_KINDS
 
 
 def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:

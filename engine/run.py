@@ -65,7 +65,7 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
         raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
     from scheduler.systems import initial_role_map
 
-    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.router.buckets(), trainer_frac=cfg.launch.trainer_frac,
+    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
                                 allowed_tp=_valid_tp(cfg))
     return info, role_map
 
@@ -117,10 +117,9 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -
     if resume and resume.get("prefix_tree") and hasattr(router, "load_tree_json"):
         router.load_tree_json(resume["prefix_tree"])
     remaining = cfg.run.steps - (resume["step"] if resume else 0)
-    planner_cfg = dataclasses.replace(cfg.planner, bucket_names=cfg.router.bucket_names,
-                                      bucket_max_tokens=cfg.router.bucket_max_tokens, allowed_tp=_valid_tp(cfg))
+    planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=_valid_tp(cfg))
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
-                           current=role_map)
+                           current=role_map, buckets=cfg.buckets)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
                             get_system(cfg.run.system))
 

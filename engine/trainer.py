@@ -35,67 +35,16 @@ import logging
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.algos import AGGREGATIONS, KL_KINDS, group_advantages, kl_penalty, ppo_clip_loss, token_logprobs
+from engine.algos import group_advantages, kl_penalty, ppo_clip_loss, token_logprobs
+from engine.trainer_config import TrainerConfig
 from engine.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-
-RECOMPUTE_MODES = ("stale", "always", "never")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    lr: float = 1e-5  # AdamW learning rate
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decay rates
-    adam_eps: float = 1e-8  # AdamW denominator epsilon
-    grad_clip: float = 1.0  # max global L2 norm of the gradient (inf: measure, never clip)
-    clip_low: float = 0.2  # PPO ratio lower bound is 1 - clip_low
-    clip_high: float = 0.2  # PPO ratio upper bound is 1 + clip_high (DAPO clip-higher: 0.28)
-    kl_coef: float = 0.0  # weight of the KL penalty to the initial policy (0: no reference model)
-    kl_kind: str = "k3"  # KL estimator: k1, k2 or k3
-    normalize_std: bool = True  # divide group-centred rewards by the group std (False: Dr. GRPO)
-    adv_eps: float = 1e-6  # added to the group std before dividing
-    aggregation: str = "token-mean"  # loss reduction over tokens: token-mean | seq-mean-token-mean
-    micro_batch_tokens: int = 4096  # padded tokens (sequences x longest) per forward/backward
-    recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
-    max_staleness: int = 1  # refuse tokens generated more than this many versions ago
-    temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
-
-    def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0; use e.g. 1e-6..1e-4 for a pretrained policy")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0; use 0.0 to disable it")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas={self.betas} must be two values in [0, 1); use (0.9, 0.999)")
-        if not self.adam_eps > 0:
-            raise ValueError(f"adam_eps={self.adam_eps} must be > 0; use 1e-8")
-        if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip={self.grad_clip} must be > 0; use float('inf') to measure without clipping")
-        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
-            raise ValueError(f"clip_low={self.clip_low}, clip_high={self.clip_high} need 0 <= clip_low < 1 and clip_high >= 0; use 0.2 and 0.2 (or 0.28)")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef={self.kl_coef} must be >= 0; use 0.0 to train without a reference model")
-        if self.kl_kind not in KL_KINDS:
-            raise ValueError(f"kl_kind={self.kl_kind!r} is unknown; use one of {KL_KINDS}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation={self.aggregation!r} is unknown; use one of {AGGREGATIONS}")
-        if self.micro_batch_tokens < 2:
-            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 2; use a few thousand")
-        if self.recompute_logprobs not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute_logprobs={self.recompute_logprobs!r} is unknown; use one of {RECOMPUTE_MODES}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0; use 0 for on-policy or 1 for one-step async")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} must be > 0; pass the rollout's sampling temperature")
-
 
 def plan_micro_batches(lengths: list[int], num_ranks: int, micro_batch_tokens: int) -> list[list[list[int]]]:
     """Deterministic plan: plan[rank][micro] = indices into `lengths`, each index exactly once."""

@@ -32,6 +32,32 @@ class Bucket:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BucketsConfig:
+    """The rollout buckets: one definition that the first layout, the routers and the planner read."""
+
+    names: tuple[str, ...] = ("short", "medium", "long")  # bucket names, short to long
+    max_tokens: tuple[int, ...] = (4096, 12288)  # limits of all buckets but the last (unbounded)
+
+    def __post_init__(self) -> None:
+        n, lim = len(self.names), self.max_tokens
+        if n < 1 or len(set(self.names)) != n:
+            raise ValueError(f"BucketsConfig: names={self.names} must be non-empty and unique, e.g. short,medium,long")
+        if len(lim) != n - 1:
+            raise ValueError(f"BucketsConfig: max_tokens={lim} has {len(lim)} limits for {n} buckets; give {n - 1} "
+                             "(the last bucket is unbounded)")
+        if any(x < 1 for x in lim) or any(a >= b for a, b in zip(lim, lim[1:])):
+            raise ValueError(f"BucketsConfig: max_tokens={lim} must be positive and strictly increasing, e.g. 4096,12288")
+
+    def buckets(self) -> tuple[Bucket, ...]:
+        limits = (*self.max_tokens, None)
+        return tuple(Bucket(name=n, max_tokens=m) for n, m in zip(self.names, limits))
+
+    def single(self) -> tuple[Bucket, ...]:
+        """The one unbounded bucket of a homogeneous system (named after the first)."""
+        return (Bucket(name=self.names[0], max_tokens=None),)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutInstance:
     instance_id: int  # unique within a role map, stable across maps where the ranks are unchanged
     bucket: str  # name of the bucket it serves

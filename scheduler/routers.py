@@ -19,7 +19,6 @@ Policies here (C-MLFQ is in `scheduler/cmlfq.py`):
   finished trajectories and routes once, at admission, to the bucket that fits; never migrates.
 - `LAMLFQRouter` (`la_mlfq`): starts in the shortest bucket and is demoted when its tokens
   outgrow the bucket's limit (token thresholds only, no causal signal).
-- `OracleRouter` (`oracle`, simulator only): told each request's true length by `hint`.
 
 Invariants (tests/test_scheduler_routers.py): a route or decision only names an instance of the
 current layout and that instance's bucket; a migration only goes to a strictly longer bucket;
@@ -34,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from scheduler.api import Decision, OutcomeState, Route
-from scheduler.layout import Bucket, RoleMap
+from scheduler.layout import RoleMap
 from scheduler.prefix_tree import PrefixTreeConfig, TrajectoryRecord
 
 logger = logging.getLogger(__name__)
@@ -42,38 +41,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class RouterConfig:
-    bucket_names: tuple[str, ...] = ("short", "medium", "long")  # bucket names, short to long
-    bucket_max_tokens: tuple[int, ...] = (4096, 12288)  # limits of all buckets but the last (unbounded)
     tree: PrefixTreeConfig = field(default_factory=PrefixTreeConfig)  # C-MLFQ prefix tree settings
     demote: bool = True  # C-MLFQ: also demote on token limits at decode boundaries (safety net)
     length_history: int = 8  # length_aware: finished trajectories remembered per prompt
     migrate_load_slack: float = 2.0  # C-MLFQ: per-device load ratio that spills admissions / holds causal moves
 
     def __post_init__(self) -> None:
-        n, lim = len(self.bucket_names), self.bucket_max_tokens
-        if n < 1 or len(set(self.bucket_names)) != n:
-            raise ValueError(f"RouterConfig: bucket_names={self.bucket_names} must be non-empty and unique")
-        if len(lim) != n - 1:
-            raise ValueError(
-                f"RouterConfig: bucket_max_tokens={lim} has {len(lim)} limits for {n} buckets; give {n - 1} "
-                "(the last bucket is unbounded)"
-            )
-        if any(x < 1 for x in lim) or any(a >= b for a, b in zip(lim, lim[1:])):
-            raise ValueError(f"RouterConfig: bucket_max_tokens={lim} must be positive and strictly increasing")
         if self.length_history < 1:
             raise ValueError(f"RouterConfig: length_history={self.length_history} must be >= 1")
         if not self.migrate_load_slack > 0:
             raise ValueError(f"RouterConfig: migrate_load_slack={self.migrate_load_slack} must be > 0; "
                              "use a large value (e.g. 1e9) to migrate whatever the load")
 
-    def buckets(self) -> tuple[Bucket, ...]:
-        limits = (*self.bucket_max_tokens, None)
-        return tuple(Bucket(name=n, max_tokens=m) for n, m in zip(self.bucket_names, limits))
-
 
 def cpu_router_config(**overrides) -> RouterConfig:
-    """Limits for tiny CPU models, whose trajectories are ~100-2000 tokens."""
-    base = dict(bucket_max_tokens=(512, 1536), tree=PrefixTreeConfig(window=500, rebuild_every=16))
+    """A prefix tree sized for CPU runs: a few hundred trajectories, rebuilt every 16."""
+    base = dict(tree=PrefixTreeConfig(window=500, rebuild_every=16))
     base.update(overrides)
     return RouterConfig(**base)
 
@@ -302,21 +285,3 @@ class LAMLFQRouter(BaseRouter):
 
     def _on_decode(self, req: _Req) -> Decision:
         return self._demotion(req) or self._stay(req)
-
-
-class OracleRouter(BaseRouter):
-    """Clairvoyant (simulator only): `hint(request_id, total_tokens)` before `admit`."""
-
-    name = "oracle"
-
-    def __init__(self, cfg: RouterConfig | None = None) -> None:
-        super().__init__(cfg)
-        self._hints: dict[str, int] = {}
-
-    def hint(self, request_id: str, total_tokens: int) -> None:
-        self._hints[request_id] = int(total_tokens)
-
-    def _admit_target(self, req: _Req) -> tuple[int, int]:
-        total = self._hints.pop(req.request_id, None)
-        bi = self._active[0] if total is None else self._bucket_for_tokens(total)
-        return bi, self._pick(bi)

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from scheduler.api import Router
 from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import CostModel
-from scheduler.layout import Bucket, RoleMap, colocated_role_map, split_role_map
+from scheduler.layout import Bucket, BucketsConfig, RoleMap, colocated_role_map, split_role_map
 from scheduler.planner import GlobalPlanner, PlannerConfig
-from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, OracleRouter, RouterConfig
+from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 
 ROUTERS = {"cmlfq": CMLFQRouter, "least_load": LeastLoadRouter, "length_aware": LengthAwareRouter,
-           "la_mlfq": LAMLFQRouter, "oracle": OracleRouter}
+           "la_mlfq": LAMLFQRouter}
+SIM_ROUTERS = ("oracle",)  # built by the simulator itself (sim/oracle.py: it needs every true length)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,7 @@ class SystemSpec:
     description: str = ""  # one line for tables and --help
 
     def __post_init__(self) -> None:
-        if self.router not in ROUTERS:
+        if self.router not in ROUTERS and not (self.sim_only and self.router in SIM_ROUTERS):
             raise ValueError(f"SystemSpec {self.name!r}: router={self.router!r} is not one of {sorted(ROUTERS)}")
         if self.realloc and not self.planner:
             raise ValueError(f"SystemSpec {self.name!r}: realloc=True needs planner=True; the planner decides the moves")
@@ -83,7 +84,11 @@ def get_system(name: str) -> SystemSpec:
 
 
 def make_router(system: str, cfg: RouterConfig | None = None) -> Router:
-    return ROUTERS[get_system(system).router](cfg)
+    spec = get_system(system)
+    if spec.router not in ROUTERS:
+        raise ValueError(f"system {system!r} is simulator-only: its {spec.router} router needs every trajectory's "
+                         "true length; run it with --sim")
+    return ROUTERS[spec.router](cfg)
 
 
 def _split(world_size: int, trainer_frac: float) -> int:
@@ -114,7 +119,7 @@ def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int
 
 
 def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | None = None,
-                     buckets: tuple[Bucket, ...] | None = None, trainer_frac: float = 0.5,
+                     buckets: BucketsConfig | None = None, trainer_frac: float = 0.5,
                      allowed_tp: tuple[int, ...] = (1, 2, 4, 8)) -> RoleMap:
     """A sane first layout for `system` on `world_size` ranks (see the module docstring)."""
     spec = get_system(system)
@@ -128,22 +133,24 @@ def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | No
     if r < min_tp:
         raise ValueError(f"initial_role_map: {r} rollout ranks cannot hold the model (TP >= {min_tp}); "
                          f"lower trainer_frac={trainer_frac} or add ranks")
+    buckets = buckets or BucketsConfig()
     if spec.heterogeneous:
-        buckets = buckets or RouterConfig().buckets()
-        rollout = _heterogeneous_tp(r, buckets, min_tp, allowed_tp)
+        layout_buckets = buckets.buckets()
+        rollout = _heterogeneous_tp(r, layout_buckets, min_tp, allowed_tp)
     else:
-        buckets = (Bucket(name=(buckets or RouterConfig().buckets())[0].name, max_tokens=None),)
-        rollout = tuple((buckets[0].name, min_tp) for _ in range(r // min_tp))
+        layout_buckets = buckets.single()
+        rollout = tuple((layout_buckets[0].name, min_tp) for _ in range(r // min_tp))
     # Ranks a TP group cannot use go to the trainer rather than idle.
     num_trainer = world_size - sum(tp for _, tp in rollout)
-    return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=rollout, buckets=buckets)
+    return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=rollout, buckets=layout_buckets)
 
 
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,
-                 cfg: PlannerConfig | None = None, current: RoleMap | None = None) -> GlobalPlanner | None:
+                 cfg: PlannerConfig | None = None, current: RoleMap | None = None,
+                 buckets: BucketsConfig | None = None) -> GlobalPlanner | None:
     """The system's planner (None when it has none), its flags forced from the system spec."""
     spec = get_system(system)
     if not spec.planner:
         return None
     cfg = dataclasses.replace(cfg or PlannerConfig(), heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
-    return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current)
+    return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current, buckets=buckets)

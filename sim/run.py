@@ -25,7 +25,7 @@ from pathlib import Path
 
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
-from scheduler.layout import RoleMap
+from scheduler.layout import BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
 from scheduler.prefix_tree import PrefixTreeConfig
 from scheduler.routers import RouterConfig
@@ -79,13 +79,14 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
     # would dominate the host time, so the simulator rebuilds about once per step.
     tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
-    rcfg = RouterConfig(tree=tree) if limits is None else RouterConfig(tree=tree, bucket_max_tokens=limits)
+    rcfg = RouterConfig(tree=tree)
+    buckets = BucketsConfig() if limits is None else BucketsConfig(max_tokens=limits)
     # The planner must plan for the batch cap the simulated engines enforce (per device), or it
     # sizes TP1 buckets for batches of 256 that the engines cap at 32.
     cap = dict(max_seqs_per_device=cfg.max_seqs_per_device, max_batch=max(256, cfg.max_seqs_per_device * 8))
-    pcfg = PlannerConfig(**cap) if limits is None else PlannerConfig(bucket_max_tokens=limits, **cap)
-    role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=rcfg.buckets())
-    planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map)
+    pcfg = PlannerConfig(**cap)
+    role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
+    planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets)
     router = OracleRouter(cost, cfg.max_seqs_per_device) if clairvoyant else sysmod.make_router(system, rcfg)
     return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
                        colocated=bool(role_map.colocated), oracle=clairvoyant)

@@ -18,11 +18,11 @@ def test_every_field_has_a_flag():
 
 
 def test_flags_override_the_cpu_preset():
-    cfg = parse_args(["--bench", "math", "--steps", "7", "--rollout.max-turns", "3", "--router.bucket-max-tokens",
+    cfg = parse_args(["--bench", "math", "--steps", "7", "--rollout.max-turns", "3", "--buckets.max-tokens",
                       "100,200", "--trainer.normalize-std", "false"], device_kind_of=lambda d: "cpu")
     assert cfg.run.bench == "math" and cfg.run.steps == 7
     assert cfg.rollout.max_turns == 3
-    assert cfg.router.bucket_max_tokens == (100, 200)
+    assert cfg.buckets.max_tokens == (100, 200)
     assert cfg.trainer.normalize_std is False
     assert cfg.rollout.max_new_tokens_per_turn == 128  # from the CPU preset for SmolLM2
 
@@ -60,7 +60,7 @@ def test_resolved_config_round_trips(tmp_path):
     (["--sync.bucket-size-mb", "0"], r"--sync.bucket-size-mb 0.0 must be > 0"),
     (["--launch.start-method", "fork"], r"must be forkserver or spawn"),
     (["--rollout.top-p", "0"], r"--rollout.top-p 0.0: RolloutConfig.top_p=0.0 must be in \(0, 1\]"),
-    (["--router.bucket-max-tokens", "200,100"], r"bucket_max_tokens=\(200, 100\) must be positive and strictly increasing"),
+    (["--buckets.max-tokens", "200,100"], r"--buckets.max-tokens \(200, 100\): BucketsConfig: max_tokens=\(200, 100\) must be positive and strictly increasing"),
 ])
 def test_bad_values_name_the_flag_and_the_fix(argv, message):
     with pytest.raises(ValueError, match=message):

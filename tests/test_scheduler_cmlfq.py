@@ -6,19 +6,20 @@ import pytest
 
 from scheduler.api import OutcomeState
 from scheduler.cmlfq import CMLFQRouter
-from scheduler.layout import split_role_map
+from scheduler.layout import BucketsConfig, split_role_map
 from scheduler.prefix_tree import CausalPrefixTree, PrefixTreeConfig, TrajectoryRecord
 from scheduler.routers import RouterConfig
 
 FAIL = OutcomeState("run_tests", "medium", "failure")
 OK = OutcomeState("run_tests", "small", "success")
 SEARCH = OutcomeState("search", "large", "success")
-CFG = RouterConfig(bucket_max_tokens=(1000, 3000), tree=PrefixTreeConfig(window=100, rebuild_every=10, min_samples=3))
+CFG = RouterConfig(tree=PrefixTreeConfig(window=100, rebuild_every=10, min_samples=3))
+BUCKETS = BucketsConfig(max_tokens=(1000, 3000))
 
 
 def _layout(version=0):
     return split_role_map(world_size=6, num_trainer=2, rollout_tp=(("short", 1), ("short", 1), ("long", 2)),
-                          buckets=CFG.buckets(), version=version)
+                          buckets=BUCKETS.buckets(), version=version)
 
 
 def _trained_router() -> CMLFQRouter:
@@ -75,7 +76,7 @@ def test_no_tree_no_migration_until_limit_then_demotion():
 
 
 def test_demotion_can_be_switched_off():
-    r = CMLFQRouter(RouterConfig(bucket_max_tokens=(1000, 3000), demote=False))
+    r = CMLFQRouter(RouterConfig(demote=False))
     r.set_layout(_layout(), 0.0)
     r.admit("a", "p", 100, 0.0)
     assert r.on_decode("a", 5000, 1.0).action == "stay"
@@ -116,7 +117,7 @@ def test_set_layout_rehomes_requests_of_removed_instances():
     r.admit("b", "p", 100, 0.0)  # instance 1
     r.on_decode("b", 2000, 0.5)  # demoted to long (instance 2)
     new = split_role_map(world_size=6, num_trainer=3, rollout_tp=(("short", 1), ("long", 2)),
-                         buckets=CFG.buckets(), version=1)
+                         buckets=BUCKETS.buckets(), version=1)
     moved = r.set_layout(new, 1.0)
     assert {k: (v.instance_id, v.bucket) for k, v in moved.items()} == {"b": (1, "long")}
     assert r.route_of("a").instance_id == 0

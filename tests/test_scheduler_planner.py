@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 
 from scheduler.api import StepStats
 from scheduler.costmodel import get_cost_model
+from scheduler.layout import BucketsConfig
 from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
 
 GPU = get_cost_model("h200", "qwen3-4b")  # training state fits one device, so G=2 is feasible
 CPU = get_cost_model("cpu", "tiny")
-CPU_CFG = PlannerConfig(bucket_max_tokens=(512, 1536))
+CPU_BUCKETS = BucketsConfig(max_tokens=(512, 1536))
 
 
 def _lengths(seed: int, n: int, scale: float, alpha: float, cap: int) -> tuple[int, ...]:
@@ -24,10 +25,10 @@ def _lengths(seed: int, n: int, scale: float, alpha: float, cap: int) -> tuple[i
 @given(g=st.integers(2, 1024), seed=st.integers(0, 10**6), gpu=st.booleans(), heavy=st.floats(0.01, 100.0),
        het=st.booleans())
 def test_every_plan_is_valid(g, seed, gpu, heavy, het):
-    cm, cfg = (GPU, PlannerConfig(heterogeneous=het)) if gpu else (CPU, PlannerConfig(bucket_max_tokens=(512, 1536), heterogeneous=het))
+    cm, buckets = (GPU, None) if gpu else (CPU, CPU_BUCKETS)
     lens = _lengths(seed, 24, 2000 if gpu else 150, 1.2, 32000 if gpu else 2000)
     wl = Workload(trajectory_tokens=lens, num_trajectories=24, train_tokens=sum(lens) * heavy)
-    d = GlobalPlanner(cfg, cm, g, 50).plan(wl)
+    d = GlobalPlanner(PlannerConfig(heterogeneous=het), cm, g, 50, buckets=buckets).plan(wl)
     rm = d.role_map.validate()
     assert rm.world_size == g and len(rm.trainer_ranks) >= 1 and len(rm.rollout_ranks) >= 1
     assert len(rm.trainer_ranks) + len(rm.rollout_ranks) == g
@@ -120,14 +121,20 @@ def test_no_realloc_keeps_the_split():
     lens = _lengths(4, 128, 1500, 1.5, 16000)
     p = GlobalPlanner(PlannerConfig(interval_steps=1, allow_realloc=False), GPU, 32, 1000)
     first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
-    d = p.on_step_end(StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
-                                role_map=first.role_map), 1.0)
+    heavy = StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                      role_map=first.role_map)
+    wl = Workload.from_stats([heavy])
+    kept = p._best(wl)  # the split a no-realloc planner may choose from
+    assert kept.num_rollout == len(first.role_map.rollout_ranks)
+    free = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, 1000, current=first.role_map)
+    assert free._best(wl).num_rollout < kept.num_rollout  # with realloc, the same history moves ranks to training
+    d = p.on_step_end(heavy, 1.0)
     assert d is None or len(d.role_map.trainer_ranks) == len(first.role_map.trainer_ranks)
 
 
 def test_cpu_plan_is_exact_for_tiny_model():
     lens = _lengths(0, 64, 150, 1.5, 2000)
-    d = GlobalPlanner(CPU_CFG, CPU, 8, 10).plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=sum(lens)))
+    d = GlobalPlanner(None, CPU, 8, 10, buckets=CPU_BUCKETS).plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=sum(lens)))
     # On CPU a TP all-reduce costs ~1.5 ms (gloo), far more than it saves: every instance is TP1.
     # Every request starts in "short" (MLFQ admission), so short gets as many instances as medium.
     assert d.role_map.describe() == "v0 train=3 | short:TP1x2 medium:TP1x2 long:TP1x1"
@@ -151,7 +158,6 @@ def test_workload_from_stats_pools_steps():
     (dict(ratio_band=(1.2, 2.0)), r"ratio_band=\(1.2, 2.0\) must satisfy 0 < low <= 1 <= high"),
     (dict(min_gain_ratio=-1), r"min_gain_ratio=-1 must be >= 0"),
     (dict(allowed_tp=(3,)), r"allowed_tp=\(3,\) must be a non-empty subset of \(1, 2, 4, 8\)"),
-    (dict(bucket_max_tokens=(5,)), r"bucket_max_tokens=\(5,\) must be increasing, one per bucket"),
     (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
     (dict(max_batch=0), r"max_batch=0 must be >= 1 and max_seqs_per_device=0 >= 0"),
     (dict(max_seqs_per_device=-1), r"max_batch=256 must be >= 1 and max_seqs_per_device=-1 >= 0"),
@@ -220,7 +226,7 @@ def test_a_plan_against_the_measured_bottleneck_is_refused():
     r = p.first.details["rollout_s"]
     idle_trainer = StepStats(step=0, rollout_s=r, train_s=r / 1e4, trajectory_tokens=p.lens,
                              train_tokens=int(1e7), role_map=p.current)
-    assert p._search(Workload.from_stats([idle_trainer])).num_rollout < len(p.first.role_map.rollout_ranks)
+    assert p._best(Workload.from_stats([idle_trainer])).num_rollout < len(p.first.role_map.rollout_ranks)
     assert p.on_step_end(idle_trainer, 1e4) is None
 
 
@@ -252,32 +258,32 @@ def test_settling_steps_neither_calibrate_nor_trigger():
 def test_rollout_per_step_is_capped_by_the_step_period():
     p = _plain_planner()
     stats = StepStats(step=0, rollout_s=500.0, train_s=100.0, trajectory_tokens=(10,), role_map=p.current)
-    assert p._rollout_per_step_s(stats, 1000.0) == 500.0  # no previous step end: no period yet
+    assert p.rollout_per_step_s(stats, 1000.0) == 500.0  # no previous step end: no period yet
     # Two overlapping batches: each spans 500 s but one finishes every 300 s.
-    assert p._rollout_per_step_s(stats, 1300.0) == 300.0
+    assert p.rollout_per_step_s(stats, 1300.0) == 300.0
     # `now` advancing by less than the training it contains is not a clock: keep the measurement.
-    assert p._rollout_per_step_s(stats, 1301.0) == 500.0
+    assert p.rollout_per_step_s(stats, 1301.0) == 500.0
 
 
 def test_mlfq_demands_count_every_trajectory_in_the_first_bucket():
-    p = GlobalPlanner(PlannerConfig(bucket_max_tokens=(100, 1000)), GPU, 8, 10)
+    p = GlobalPlanner(None, GPU, 8, 10, buckets=BucketsConfig(max_tokens=(100, 1000)))
     wl = Workload(trajectory_tokens=(50, 80, 500, 5000), num_trajectories=4, train_tokens=1e4)
-    short, medium, long_ = p._demands(wl, (0, 1, 2))
+    short, medium, long_ = p.search.demands(wl, (0, 1, 2))
     assert (short.n, short.tokens, short.longest, short.reprefill) == (4, 50 + 80 + 100 + 100, 100, 0)
     assert (medium.n, medium.tokens, medium.longest, medium.reprefill) == (2, 400 + 900, 900, 100)
     assert (long_.n, long_.tokens, long_.longest, long_.reprefill) == (1, 4000, 5000, 1000)
-    only_long, = p._demands(wl, (2,))  # one active bucket: everything runs there from the start
+    only_long, = p.search.demands(wl, (2,))  # one active bucket: everything runs there from the start
     assert (only_long.n, only_long.tokens, only_long.reprefill) == (4, 5630, 0)
 
 
 def test_decode_fraction_shrinks_the_tail_and_device_cap_limits_tp1_batches():
     p = GlobalPlanner(PlannerConfig(max_seqs_per_device=32), GPU, 8, 10)
-    assert (p._seq_cap(1), p._seq_cap(4), p._seq_cap(8)) == (32, 128, 256)
-    assert GlobalPlanner(None, GPU, 8, 10)._seq_cap(1) == 256
+    assert (p.search.seq_cap(1), p.search.seq_cap(4), p.search.seq_cap(8)) == (32, 128, 256)
+    assert GlobalPlanner(None, GPU, 8, 10).search.seq_cap(1) == 256
     lens = (1000,) * 64 + (20000,)
     full = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5)
     quarter = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5, decode_frac=0.25)
-    d_full, d_quarter = p._demands(full, (2,))[0], p._demands(quarter, (2,))[0]
+    d_full, d_quarter = p.search.demands(full, (2,))[0], p.search.demands(quarter, (2,))[0]
     # a quarter of the tokens decoded, the rest prefilled (~100x faster per token): about 1/4 the tail
-    ratio = p._tail_s(d_quarter, 4, 8, 0.0) / p._tail_s(d_full, 4, 8, 0.0)
+    ratio = p.search.tail_s(d_quarter, 4, 8, 0.0) / p.search.tail_s(d_full, 4, 8, 0.0)
     assert 0.25 < ratio < 0.3

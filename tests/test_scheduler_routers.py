@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 from scheduler.api import OutcomeState
 from scheduler.layout import split_role_map
 from scheduler.prefix_tree import PrefixTreeConfig
-from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, OracleRouter, RouterConfig, cpu_router_config
+from scheduler.layout import BucketsConfig
+from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig, cpu_router_config
 from scheduler.systems import ROUTERS
 
-CFG = RouterConfig(bucket_max_tokens=(200, 600), tree=PrefixTreeConfig(window=50, rebuild_every=5, min_samples=2))
+CFG = RouterConfig(tree=PrefixTreeConfig(window=50, rebuild_every=5, min_samples=2))
+BUCKETS = BucketsConfig(max_tokens=(200, 600))
 OUTCOMES = [OutcomeState(t, s, x) for t in ("run_tests", "search") for s in ("small", "large") for x in ("success", "failure")]
 LAYOUTS = [
     (("short", 1), ("short", 1), ("medium", 2), ("long", 4)),
@@ -23,7 +25,7 @@ LAYOUTS = [
 def _layout(i: int, version: int):
     spec = LAYOUTS[i]
     return split_role_map(world_size=2 + sum(tp for _, tp in spec), num_trainer=2, rollout_tp=spec,
-                          buckets=CFG.buckets(), version=version)
+                          buckets=BUCKETS.buckets(), version=version)
 
 
 events = st.lists(st.tuples(st.sampled_from(["admit", "tool", "decode", "finish", "cancel", "layout"]),
@@ -114,21 +116,17 @@ def test_la_mlfq_demotes_on_tokens_only():
     assert r.num_demotions == 2 and r.num_migrations == 2
 
 
-def test_oracle_uses_hints():
-    r = _three_bucket_router(OracleRouter)
-    r.hint("a", 400)
-    assert r.admit("a", "p", 10, 0.0).bucket == "medium"
-    assert r.admit("b", "p", 10, 0.0).bucket == "short"
-
-
-def test_router_config_buckets_and_errors():
-    assert [(b.name, b.max_tokens) for b in cpu_router_config().buckets()] == [("short", 512), ("medium", 1536), ("long", None)]
-    with pytest.raises(ValueError, match=r"bucket_max_tokens=\(5,\) has 1 limits for 3 buckets; give 2"):
-        RouterConfig(bucket_max_tokens=(5,))
-    with pytest.raises(ValueError, match=r"bucket_max_tokens=\(9, 5\) must be positive and strictly increasing"):
-        RouterConfig(bucket_max_tokens=(9, 5))
-    with pytest.raises(ValueError, match=r"bucket_names=\('a', 'a'\) must be non-empty and unique"):
-        RouterConfig(bucket_names=("a", "a"), bucket_max_tokens=(5,))
+def test_buckets_config_and_router_config_errors():
+    assert [(b.name, b.max_tokens) for b in BucketsConfig(max_tokens=(512, 1536)).buckets()] == [
+        ("short", 512), ("medium", 1536), ("long", None)]
+    assert [(b.name, b.max_tokens) for b in BucketsConfig().single()] == [("short", None)]
+    assert cpu_router_config().tree.rebuild_every == 16
+    with pytest.raises(ValueError, match=r"max_tokens=\(5,\) has 1 limits for 3 buckets; give 2"):
+        BucketsConfig(max_tokens=(5,))
+    with pytest.raises(ValueError, match=r"max_tokens=\(9, 5\) must be positive and strictly increasing"):
+        BucketsConfig(max_tokens=(9, 5))
+    with pytest.raises(ValueError, match=r"names=\('a', 'a'\) must be non-empty and unique"):
+        BucketsConfig(names=("a", "a"), max_tokens=(5,))
     with pytest.raises(ValueError, match=r"length_history=0 must be >= 1"):
         RouterConfig(length_history=0)
     with pytest.raises(ValueError, match=r"migrate_load_slack=0 must be > 0; use a large value \(e.g. 1e9\)"):

@@ -6,8 +6,9 @@ from hypothesis import strategies as st
 
 from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import get_cost_model
+from scheduler.layout import BucketsConfig
 from scheduler.planner import GlobalPlanner, PlannerConfig
-from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, OracleRouter, cpu_router_config
+from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, make_planner, make_router
 
 NAMES = ["libra", "colocate", "static", "length_aware", "la_mlfq", "oracle", "libra-no-planner", "libra-no-realloc",
@@ -31,11 +32,14 @@ def test_table_names_and_flags():
 
 
 def test_make_router_kinds():
-    kinds = {n: type(make_router(n)) for n in NAMES}
+    kinds = {n: type(make_router(n)) for n in NAMES if not SYSTEMS[n].sim_only}
     assert kinds["libra"] is CMLFQRouter and kinds["libra-no-cmlfq"] is LeastLoadRouter
     assert kinds["static"] is LeastLoadRouter and kinds["length_aware"] is LengthAwareRouter
-    assert kinds["la_mlfq"] is LAMLFQRouter and kinds["oracle"] is OracleRouter
-    assert make_router("libra", cpu_router_config()).cfg.bucket_max_tokens == (512, 1536)
+    assert kinds["la_mlfq"] is LAMLFQRouter
+    cfg = RouterConfig(migrate_load_slack=3.0)
+    assert make_router("libra", cfg).cfg is cfg
+    with pytest.raises(ValueError, match=r"system 'oracle' is simulator-only: .* run it with --sim"):
+        make_router("oracle")
 
 
 def test_small_layouts():
@@ -71,7 +75,7 @@ def test_initial_role_map_valid_for_any_world_size(name, g, frac):
 
 def test_make_planner_only_for_planned_systems():
     for name in NAMES:
-        p = make_planner(name, 8, CM, 100, PlannerConfig(bucket_max_tokens=(512, 1536)))
+        p = make_planner(name, 8, CM, 100, PlannerConfig(), buckets=BucketsConfig(max_tokens=(512, 1536)))
         assert (p is not None) == SYSTEMS[name].planner
         if p is not None:
             assert isinstance(p, GlobalPlanner)

@@ -37,7 +37,10 @@ def tiny_trainer(**kw):
 # ---- config --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"lr": 0.0}, r"lr=0.0 must be > 0; use e.g. 1e-6..1e-4"),
+    ({"lr": 0.0}, r"lr=0.0 must be a finite number in \(0, 1\]; use e.g. 1e-6..1e-4"),
+    ({"lr": float("inf")}, r"lr=inf must be a finite number in \(0, 1\]"),
+    ({"lr": 1e9}, r"lr=1000000000.0 must be a finite number in \(0, 1\]"),
+    ({"lr": float("nan")}, r"lr=nan must be a finite number in \(0, 1\]"),
     ({"weight_decay": -0.1}, r"weight_decay=-0.1 must be >= 0; use 0.0 to disable it"),
     ({"betas": (0.9, 1.0)}, r"betas=\(0.9, 1.0\) must be two values in \[0, 1\); use \(0.9, 0.999\)"),
     ({"adam_eps": 0.0}, r"adam_eps=0.0 must be > 0; use 1e-8"),
