@@ -1,28 +1,103 @@
-"""Run outputs shared by real runs: config.json, metrics.jsonl, summary.json, trajectory dumps, trace.json.
+"""Run outputs of real and simulated runs alike: the metrics row, the summary, the compare table and plot.
 
-The schema is DESIGN.md's "Run outputs" (the simulator writes the same fields). `RunWriter`
-appends one metrics row per step and flushes it at once, so a killed run keeps every finished
-step; the summary is written at the end. `trace.json` is Chrome/Perfetto's trace-event format:
-one complete ("X") event per phase per rank.
+The schema is DESIGN.md's "Run outputs". `MetricsRow` is one step (built by the step core,
+`scheduler/stepcore.py`, for both the real runtime and the simulator), `summarize` turns the
+rows into the summary, `idle_fractions` is the one definition of idle time, and
+`add_ratios`/`format_table`/`plot_compare` read every compare (real or simulated) the same way.
+`RunWriter` appends one metrics row per step and flushes it at once, so a killed run keeps every
+finished step; the summary is written at the end. `trace.json` is Chrome/Perfetto's
+trace-event format: one complete ("X") event per phase.
 
 A logging failure never stops training: writers log the error once and carry on.
 
-Invariants (tests/test_runlog.py): every metrics row holds the DESIGN.md step fields; the
-summary holds the DESIGN.md summary fields; trace.json loads as a trace-event list.
+Invariants (tests/test_runlog.py): every metrics row holds the DESIGN.md step fields and
+round-trips through JSON; the summary holds the DESIGN.md summary fields; idle fractions lie in
+[0, 1]; trace.json loads as a trace-event list; a failing write is reported once, not raised.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+DROP_REASONS = ("stale", "tool_infra", "cancelled")  # why a started trajectory was not trained on
 METRIC_FIELDS = ("step", "time_s", "step_s", "rollout_s", "train_s", "sync_s", "reconfig_s", "tokens", "trajectories",
                  "reward_mean", "staleness_max", "migrations", "role_map", "idle_frac_rollout", "idle_frac_train")
 SUMMARY_FIELDS = ("bench", "system", "mode", "steps", "tokens_per_s", "trajectories_per_s", "reward_first",
                   "reward_last", "wall_s", "dropped", "peak_rss_mb")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsRow:
+    step: int  # 1-based step number
+    time_s: float  # seconds since the run started (simulated seconds in a simulation)
+    step_s: float  # since the previous step ended
+    rollout_s: float  # the step's batch: admission to its last finished trajectory
+    train_s: float  # trainer update (0: nothing trained)
+    sync_s: float  # weights to the rollout ranks
+    reconfig_s: float  # role-map change paid before this step (drain, hand-off, rebuild)
+    tokens: int  # trained tokens (prompt + model + tool output)
+    trajectories: int  # trained trajectories
+    reward_mean: float
+    staleness_max: int  # policy versions between the oldest trained token and the trained policy
+    migrations: int  # running total of trajectories moved between instances
+    role_map: dict  # ranks per role and bucket (RoleMap.summary())
+    role_map_desc: str  # RoleMap.describe()
+    idle_frac_rollout: float
+    idle_frac_train: float
+    policy_version: int  # after this step
+    extra: dict = field(default_factory=dict)  # trainer metrics etc. under slash keys ("train/loss")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {**{k: v for k, v in d.items() if k != "extra"}, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MetricsRow:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in names if k in d}, extra={k: v for k, v in d.items() if k not in names})
+
+
+def idle_fractions(*, step_s: float, rollout_s: float, train_s: float, sync_s: float, colocated: bool) -> tuple[float, float]:
+    """(rollout idle, trainer idle) shares of a step.
+
+    The trainer idles outside `train_s`; rollout idles for the part of the step its batch was not
+    running. Colocated ranks do both, so their rollout idles while they train and sync."""
+    step_s = max(step_s, 1e-9)
+    train_idle = 1.0 - min(1.0, train_s / step_s)
+    rollout_busy = max(0.0, step_s - train_s - sync_s) if colocated else min(rollout_s, step_s)
+    return round(1.0 - rollout_busy / step_s, 4), round(train_idle, 4)
+
+
+def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: float, dropped: dict,
+              peak_rss_mb: float, reward_target: float | None = None, **extra) -> dict:
+    """DESIGN.md summary from the step rows; throughput over `wall_s` (the whole run; simulated seconds in sim)."""
+    tokens = sum(m["tokens"] for m in rows)
+    trajs = sum(m["trajectories"] for m in rows)
+    n = max(len(rows), 1)
+    hit = next((m["time_s"] for m in rows if reward_target is not None and m["reward_mean"] >= reward_target), None)
+    return {
+        "bench": bench, "system": system, "mode": mode, "steps": len(rows),
+        "tokens": tokens, "trajectories": trajs,
+        "tokens_per_s": tokens / max(wall_s, 1e-9), "trajectories_per_s": trajs / max(wall_s, 1e-9),
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last": rows[-1]["reward_mean"] if rows else None,
+        "reward_target": reward_target, "time_to_target_s": hit,
+        "reward_curve": [[m["time_s"], m["reward_mean"]] for m in rows],
+        "wall_s": wall_s, "mean_step_s": wall_s / n, "dropped": {**{k: 0 for k in DROP_REASONS}, **dropped},
+        "peak_rss_mb": peak_rss_mb,
+        "migrations": rows[-1]["migrations"] if rows else 0,  # rows carry the running total
+        "idle_frac_rollout": sum(m["idle_frac_rollout"] for m in rows) / n,
+        "idle_frac_train": sum(m["idle_frac_train"] for m in rows) / n,
+        "role_map_first": rows[0].get("role_map_desc", "") if rows else "",
+        "role_map_last": rows[-1].get("role_map_desc", "") if rows else "",
+        **extra,
+    }
 
 
 class RunWriter:
@@ -73,7 +148,7 @@ class RunWriter:
         self._guard("summary.json", lambda: (self.dir / "summary.json").write_text(json.dumps(summary, indent=2)))
 
     def span(self, name: str, tid: int | str, start_s: float, dur_s: float, **args) -> None:
-        """One phase on one rank (tid), times in seconds since the run started."""
+        """One phase on one lane (tid), times in seconds since the run started."""
         self.trace_events.append({"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": start_s * 1e6,
                                   "dur": max(dur_s, 0.0) * 1e6, "args": args})
 
@@ -89,23 +164,78 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def summarize(metrics: list[dict], *, bench: str, system: str, mode: str, wall_s: float, dropped: dict,
-              peak_rss_mb: float, **extra) -> dict:
-    """DESIGN.md summary from the step rows; throughput over `wall_s` (the whole run)."""
-    tokens = sum(m["tokens"] for m in metrics)
-    trajs = sum(m["trajectories"] for m in metrics)
-    n = max(len(metrics), 1)
-    return {
-        "bench": bench, "system": system, "mode": mode, "steps": len(metrics),
-        "tokens": tokens, "trajectories": trajs,
-        "tokens_per_s": tokens / max(wall_s, 1e-9), "trajectories_per_s": trajs / max(wall_s, 1e-9),
-        "reward_first": metrics[0]["reward_mean"] if metrics else None,
-        "reward_last": metrics[-1]["reward_mean"] if metrics else None,
-        "wall_s": wall_s, "dropped": dropped, "peak_rss_mb": peak_rss_mb,
-        "migrations": metrics[-1]["migrations"] if metrics else 0,  # rows carry the running total
-        "idle_frac_rollout": sum(m["idle_frac_rollout"] for m in metrics) / n,
-        "idle_frac_train": sum(m["idle_frac_train"] for m in metrics) / n,
-        "role_map_first": metrics[0].get("role_map_desc", "") if metrics else "",
-        "role_map_last": metrics[-1].get("role_map_desc", "") if metrics else "",
-        **extra,
-    }
+# ---- comparisons -----------------------------------------------------------------------------
+def add_ratios(systems: dict[str, dict]) -> None:
+    """vs_colocate / vs_oracle throughput ratios and reward-time speed-up vs colocate, in place."""
+    base = systems.get("colocate")
+    best = systems.get("oracle")
+    for s in systems.values():
+        s["vs_colocate"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
+        s["vs_oracle"] = s["tokens_per_s"] / best["tokens_per_s"] if best else None
+        t, t0 = s.get("time_to_target_s"), base.get("time_to_target_s") if base else None
+        s["reward_speedup_vs_colocate"] = t0 / t if t and t0 else None
+
+
+def _fmt(x, spec: str) -> str:
+    return format(x, spec) if x is not None else "-".rjust(int(spec.lstrip(">").split(".")[0]))
+
+
+def format_table(compare: dict) -> str:
+    head = (f"{'system':<18} {'tok/s':>9} {'traj/s':>8} {'vs coloc':>8} {'vs oracle':>9} "
+            f"{'t->target s':>11} {'idle roll':>9} {'idle train':>10} {'migr':>6}  final layout")
+    lines = [f"bench={compare['bench']} mode={compare['mode']} " + compare.get("setup", ""), head, "-" * len(head)]
+    for name, s in compare["systems"].items():
+        lines.append(
+            f"{name:<18} {s['tokens_per_s']:>9.0f} {s['trajectories_per_s']:>8.3f} {_fmt(s.get('vs_colocate'), '>8.2f')} "
+            f"{_fmt(s.get('vs_oracle'), '>9.2f')} {_fmt(s.get('time_to_target_s'), '>11.0f')} "
+            f"{_fmt(s.get('idle_frac_rollout'), '>9.2f')} {_fmt(s.get('idle_frac_train'), '>10.2f')} "
+            f"{_fmt(s.get('migrations'), '>6')}  {s.get('role_map_last', '')}"
+        )
+    if compare.get("note"):
+        lines.append(f"note: {compare['note']}")
+    return "\n".join(lines)
+
+
+def plot_compare(compare: dict, path: Path) -> Path:
+    """compare.png: throughput bars (labelled with the ratio to libra), reward vs time, idle fractions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = compare["systems"]
+    names = list(systems)
+    ref = systems.get("libra", next(iter(systems.values())))["tokens_per_s"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    ax = axes[0]
+    tps = [systems[n]["tokens_per_s"] for n in names]
+    bars = ax.bar(names, tps, color=["tab:red" if n == "libra" else "tab:gray" if n == "oracle" else "tab:blue" for n in names])
+    for bar, v in zip(bars, tps):
+        ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v / ref:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_title("throughput (tokens/s), label = ratio to libra")
+    ax.tick_params(axis="x", rotation=45)
+    ax = axes[1]
+    for n in names:
+        curve = systems[n].get("reward_curve", [])
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], label=n, lw=2.5 if n == "libra" else 1.2)
+    target = next(iter(systems.values())).get("reward_target")
+    if target is not None:
+        ax.axhline(target, ls="--", color="k", lw=0.8)
+    simulated = compare.get("mode") == "sim"
+    ax.set_xlabel("simulated time (s)" if simulated else "wall time (s)")
+    ax.set_title("reward vs time (a MODEL in simulation)" if simulated else "reward vs time (measured)")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], [systems[n]["idle_frac_rollout"] for n in names], width=0.4, label="rollout idle")
+    ax.bar([i + 0.2 for i in x], [systems[n]["idle_frac_train"] for n in names], width=0.4, label="training idle")
+    ax.set_xticks(list(x), names, rotation=45)
+    ax.set_ylim(0, 1)
+    ax.set_title("idle fractions")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{compare['bench']} ({compare['mode']}) {compare.get('setup', '')}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

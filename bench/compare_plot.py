@@ -9,8 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.plot import plot_compare
-from sim.report import format_table
+from runlog import format_table, plot_compare
 
 
 def main() -> None:

@@ -16,15 +16,10 @@ workloads' tails follow its p99 ~10x median figure (see sim/workload.py).
 
 from __future__ import annotations
 
-from sim.config import SimConfig
+from sim.config import SimConfig, default_sim
 from sim.workload import TAIL_SIGMA_P99_10X
 
 ABLATION_SYSTEMS = ["libra", "libra-no-planner", "libra-no-realloc", "libra-no-cmlfq", "libra-homogeneous", "oracle"]
-
-
-def default_sim(bench: str = "swe", seed: int = 0) -> SimConfig:
-    return SimConfig(bench=bench, hardware="a800", model="qwen3-14b", num_devices=16, steps=10,
-                     prompts_per_step=16, samples_per_prompt=8, seed=seed)
 
 
 def paper_a800_48(bench: str = "swe", seed: int = 0) -> SimConfig:

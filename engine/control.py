@@ -1,8 +1,8 @@
 """The control plane: pickled messages between the coordinator and worker ranks over a TCPStore.
 
-Tensors (weights, training math) move over torch.distributed groups; everything else
-(commands, events, trajectories, metrics) moves through per-rank queues on the rendezvous
-TCPStore (`queue_push`/`queue_pop`). Queues can be polled without blocking, which
+Tensors (weights, training math) move over torch.distributed groups; everything else (the
+messages of `engine/protocol.py`: commands, events, trajectories, metrics) moves through
+per-rank queues on the rendezvous TCPStore (`queue_push`/`queue_pop`). Queues can be polled without blocking, which
 point-to-point object collectives cannot, so a rollout rank keeps decoding while it waits for
 commands, and the coordinator gathers events from many ranks at once. The same store works
 under our launcher (the launcher hosts it) and under torchrun (the agent's store), so the same
@@ -25,9 +25,6 @@ import time
 from typing import Any
 
 import torch.distributed as dist
-
-COORDINATOR = 0  # global rank of the coordinator; workers are global ranks 1..N
-
 
 def host_store(timeout_s: float = 60.0) -> dist.TCPStore:
     """Start a TCPStore server on a free loopback port (the launcher hosts it)."""
@@ -93,10 +90,6 @@ class Mailbox:
     def beat(self, role: str = "") -> None:
         with self._lock:
             self.store.set(f"{self.ns}/hb/{self.rank}", f"{time.time()!r} {role}")
-
-    def last_beat(self, rank: int) -> float | None:
-        beat = self.last_beat_and_role(rank)
-        return None if beat is None else beat[0]
 
     def last_beat_and_role(self, rank: int) -> tuple[float, str] | None:
         key = f"{self.ns}/hb/{rank}"

@@ -152,16 +152,8 @@ class RolloutEngine:
         return len(self.runner.rows)
 
     @property
-    def num_waiting_tool(self) -> int:
-        return sum(s.phase == "tool" for s in self.seqs.values())
-
-    @property
     def idle(self) -> bool:
         return not self.seqs if self.runner.is_leader else self._leader_idle
-
-    @property
-    def tokens_in_flight(self) -> int:
-        return sum(len(s.ids) for s in self.seqs.values())
 
     def wait_for_tools(self, timeout_s: float) -> None:
         """Block until a tool/scoring finishes or `timeout_s` passes (use when nothing decodes)."""

@@ -22,8 +22,9 @@ from pathlib import Path
 from engine import checkpoint
 from engine.devices import DeviceInfo, detect
 from engine.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
-from runlog import RunWriter, read_metrics
+from runlog import RunWriter
 from scheduler.layout import RoleMap
+from scheduler.stepcore import RunState
 
 log = logging.getLogger("libra")
 
@@ -59,7 +60,7 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
         ckpt = checkpoint.latest(Path(cfg.run.resume))
         if ckpt is None:
             raise FileNotFoundError(f"--resume {cfg.run.resume}: no complete checkpoint under {cfg.run.resume}/ckpt/")
-        return info, checkpoint.load_state(ckpt)["role_map"]
+        return info, checkpoint.load(ckpt).role_map
     nproc = cfg.run.nproc or info.default_nproc()
     if info.kind != "cpu" and nproc > info.count:
         raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
@@ -100,7 +101,7 @@ class CoordinatorParts:
     spec: object
 
 
-def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -> CoordinatorParts:
+def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | None) -> CoordinatorParts:
     from engine.models import load_tokenizer
     from envs.demo import add_demo_turns
     from envs.registry import make_env, scripted_agents
@@ -114,9 +115,9 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -
     if cfg.run.demo_turns > 0:
         tasks = add_demo_turns(tasks, cfg.run.demo_turns, scripted_agents(cfg.run.bench)[0])
     router = make_router(cfg.run.system, cfg.router)
-    if resume and resume.get("prefix_tree") and hasattr(router, "load_tree_json"):
-        router.load_tree_json(resume["prefix_tree"])
-    remaining = cfg.run.steps - (resume["step"] if resume else 0)
+    if resume and resume.prefix_tree and hasattr(router, "load_tree_json"):
+        router.load_tree_json(resume.prefix_tree)
+    remaining = cfg.run.steps - (resume.step if resume else 0)
     planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=_valid_tp(cfg))
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
                            current=role_map, buckets=cfg.buckets)
@@ -124,9 +125,8 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: dict | None) -
                             get_system(cfg.run.system))
 
 
-def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: dict | None):
-    """Every process of the job: rank 0 coordinates, the others work."""
-    handoff = resume["dir"] if resume else None
+def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: RunState | None, handoff: str | None):
+    """Every process of the job: rank 0 coordinates, the others work; `handoff`: the checkpoint to resume from."""
     if ctx.rank == 0:
         from engine.coordinator import Coordinator
 
@@ -142,15 +142,16 @@ def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: di
 
 
 def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
-    resume = None
+    resume, handoff = None, None
     if cfg.run.resume:
-        resume = checkpoint.load_state(checkpoint.latest(out_dir))
-        log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume["step"], resume["policy_version"])
+        ckpt = checkpoint.latest(out_dir)
+        resume, handoff = checkpoint.load(ckpt), str(ckpt)
+        log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume.step, resume.policy_version)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume['step']}.json"))
+    cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
     log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
              role_map.describe())
-    args = (cfg, role_map, str(out_dir), resume)
+    args = (cfg, role_map, str(out_dir), resume, handoff)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         if int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
@@ -180,12 +181,11 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
 def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
     """Every system on the same tasks and seed, one after the other; compare.json + compare.png.
 
-    Shares the table, ratios and plot with the simulator's compare (`sim/report.py`,
-    `sim/plot.py`), so a real and a simulated comparison read the same way.
+    Shares the table, ratios and plot with the simulator's compare (`runlog.py`), so a real and a
+    simulated comparison read the same way.
     """
+    from runlog import add_ratios, format_table, plot_compare
     from scheduler.systems import SYSTEMS
-    from sim.plot import plot_compare
-    from sim.report import add_ratios, format_table
 
     names = list(cfg.run.compare_systems) or [n for n, spec in SYSTEMS.items() if not spec.sim_only]
     results = {}
@@ -196,7 +196,6 @@ def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
         if rc != 0:
             raise RuntimeError(f"--compare: system {name} failed (exit {rc}); its logs and outputs are in {out_dir / name}")
         results[name] = json.loads((out_dir / name / "summary.json").read_text())
-        results[name]["reward_curve"] = [[m["time_s"], m["reward_mean"]] for m in read_metrics(out_dir / name)]
     best = max(s["reward_last"] or 0.0 for s in results.values())
     target = best / 2 if best > 0 else None
     for s in results.values():

@@ -21,8 +21,6 @@ log = logging.getLogger("libra")
 
 class StepView:
     def __init__(self):
-        self.reconfiguring = False
-        self.role_changes = 0
         self._last_health = time.monotonic()
         self._console = None
         self._live = None
@@ -60,15 +58,6 @@ class StepView:
         if self._live is not None:
             self._live.stop()
             self._live = None
-
-    def idle_fractions(self, row: dict, role_map) -> dict:
-        """Idle shares of the step: trainer idle outside train_s; rollout idle while its step's batch was ready."""
-        step_s = max(row["step_s"], 1e-9)
-        train_idle = 1.0 - min(1.0, row["train_s"] / step_s)
-        rollout_busy = min(row["rollout_s"], step_s)
-        if role_map.colocated:  # the same ranks: rollout idles while they train and sync
-            rollout_busy = max(0.0, step_s - row["train_s"] - row["sync_s"])
-        return {"idle_frac_rollout": round(1.0 - rollout_busy / step_s, 4), "idle_frac_train": round(train_idle, 4)}
 
     def step_line(self, row: dict, num_steps: int) -> None:
         tok_s = row["tokens"] / max(row["step_s"], 1e-9)

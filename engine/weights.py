@@ -129,10 +129,6 @@ class TransferStats:
     num_bytes: int
     seconds: float
 
-    @property
-    def gb_per_s(self) -> float:
-        return self.num_bytes / max(self.seconds, 1e-9) / 1e9
-
 
 class _Endpoint:
     def __init__(self, group: dist.ProcessGroup, src: int, *, bucket_size_mb: float, device: torch.device):

@@ -1,9 +1,9 @@
 """A worker rank: runs whatever roles the current role map gives it, as the coordinator says.
 
 Loop of a worker (global rank >= 1):
-  1. poll its mailbox; commands: `add`/`export`/`cancel` (rollout leader), `env_result` (a tool
-     or score reply for one of its trajectories), and the collective ones that every concerned
-     rank receives: `train`, `sync`, `save`, `role_map`, `stop`;
+  1. poll its mailbox for `engine/protocol.py` messages: `Add`/`Export`/`Cancel` (rollout
+     leader), `EnvResult` (a tool or score reply for one of its trajectories), and the collective
+     ones that every concerned rank receives: `Train`, `Sync`, `Save`, `ApplyRoleMap`, `Stop`;
   2. if it leads a rollout instance: one `RolloutEngine.step()`, events sent to the coordinator;
   3. heartbeat (wall time + role) on the store.
 Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
@@ -15,7 +15,7 @@ another instance without moving any files: the engine gets a `RemoteEpisode` who
 `score` are calls to the coordinator, answered through the mailbox (they block only the tool
 thread that made them, never the decode loop).
 
-Role changes (`role_map`): every rank applies the map through `GroupManager` (same order
+Role changes (`ApplyRoleMap`): every rank applies the map through `GroupManager` (same order
 everywhere). A trainer whose group changed rebuilds its FSDP trainer from the hand-off state the
 old trainers saved; a rollout instance whose ranks changed starts a new engine (its requests were
 exported before the change) and gets the current weights at the next `sync`.
@@ -39,14 +39,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine import protocol as msg
 from engine.groups import GroupManager, Groups
 from engine.launch import RankContext
-from engine.trajectory import Trajectory
+from engine.protocol import COORDINATOR, WORKER_OFFSET, to_global, to_worker
 from engine.weights import WeightReceiver, WeightSender, manifest
 
 log = logging.getLogger(__name__)
-
-COORD = 0
 
 
 class ToolLink:
@@ -64,7 +63,7 @@ class ToolLink:
         with self._lock:
             call_id = next(self._ids)
             self._waiting[call_id] = fut
-        self.mailbox.send(COORD, ("env", call_id, request_id, op, arg))
+        self.mailbox.send(COORDINATOR, msg.EnvCall(call_id, request_id, op, arg))
         try:
             ok, value = fut.result(timeout=self.timeout_s)
         except cf.TimeoutError:
@@ -104,7 +103,7 @@ class RemoteEpisode:
         return self.link.call(self.request_id, "score", final_text)
 
     def close(self) -> None:
-        self.link.mailbox.send(COORD, ("env", -1, self.request_id, "close", None))
+        self.link.mailbox.send(COORDINATOR, msg.EnvCall(-1, self.request_id, "close", None))
 
 
 def peak_rss_mb() -> float:
@@ -114,10 +113,10 @@ def peak_rss_mb() -> float:
 class Worker:
     def __init__(self, ctx: RankContext, cfg, device: torch.device):
         self.ctx, self.cfg, self.device = ctx, cfg, device
-        self.idx = ctx.rank - 1  # worker index in role maps
+        self.idx = to_worker(ctx.rank)  # worker index in role maps
         self.mailbox = ctx.mailbox
-        self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=1,
-                                       timeout_s=cfg.launch.timeout_s)
+        self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size,
+                                       rank_offset=WORKER_OFFSET, timeout_s=cfg.launch.timeout_s)
         self.groups: Groups | None = None
         self.link = ToolLink(self.mailbox, cfg.rollout.tool_timeout_s + 120.0)
         self.engine = None
@@ -216,21 +215,21 @@ class Worker:
         if group is None:
             return what
         box = [what]
-        dist.broadcast_object_list(box, src=self.instance.ranks[0] + 1, group=group)
+        dist.broadcast_object_list(box, src=to_global(self.instance.ranks[0]), group=group)
         return box[0]
 
     # ---- main loop --------------------------------------------------------------------------------
     def run(self, role_map, handoff: str | None) -> dict:
         self.apply_role_map(role_map, handoff)
-        self.mailbox.send(COORD, ("ready", self.idx, self.role()))
+        self.mailbox.send(COORDINATOR, msg.Ready(self.idx, self.role()))
         while True:
             if self.tp_follower:
                 tick = self._tick(None)
                 if tick == "step":
                     self.engine.step()
                     continue
-                _, msg = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
-                if self._collective(msg):
+                _, command = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
+                if self._collective(command):
                     break
                 continue
             if self._serve_messages():
@@ -264,71 +263,72 @@ class Worker:
             time.sleep(0.001)  # only tools in flight: let their threads run
         if events:
             log.debug("[libra %s] events %s", self.role(), [(type(e).__name__, e.request_id) for e in events])
-            self.mailbox.send(COORD, ("events", self.instance.instance_id, events))
+            self.mailbox.send(COORDINATOR, msg.Events(self.instance.instance_id, events))
 
     def _serve_messages(self) -> bool:
-        for _, msg in self.mailbox.poll():
-            kind = msg[0]
-            if kind == "env_result":
-                self.link.resolve(msg[1], msg[2], msg[3])
-            elif kind == "add":
-                self._add(msg[1])
-            elif kind == "export":
-                self._export(msg[1])
-            elif kind == "cancel":
-                if msg[1] in self.engine.seqs:
-                    self.engine.cancel(msg[1])
-            else:
-                if self.tp_leader:
-                    self._tick("mailbox")
-                if self._collective(msg):
-                    return True
+        """Serve every waiting message; True once told to stop."""
+        for _, command in self.mailbox.poll():
+            match command:
+                case msg.EnvResult(call_id, ok, value):
+                    self.link.resolve(call_id, ok, value)
+                case msg.Add():
+                    self._add(command)
+                case msg.Export(rid):
+                    self._export(rid)
+                case msg.Cancel(rid):
+                    if rid in self.engine.seqs:
+                        self.engine.cancel(rid)
+                case _:
+                    if self.tp_leader:
+                        self._tick("mailbox")
+                    if self._collective(command):
+                        return True
         return False
 
-    def _add(self, spec: dict) -> None:
+    def _add(self, add: msg.Add) -> None:
         from engine.rollout_types import RolloutRequest
 
-        rid = spec["request_id"]
-        log.debug("[libra %s] add %s (resumed=%s)", self.role(), rid, spec.get("state") is not None)
-        self.engine.add(RolloutRequest(request_id=rid, task=spec["task"], episode=RemoteEpisode(self.link, rid),
-                                       prompt_ids=spec["prompt_ids"], group_id=spec["group_id"], state=spec.get("state")))
+        log.debug("[libra %s] add %s (resumed=%s)", self.role(), add.request_id, add.state is not None)
+        self.engine.add(RolloutRequest(request_id=add.request_id, task=add.task, episode=RemoteEpisode(self.link, add.request_id),
+                                       prompt_ids=add.prompt_ids, group_id=add.group_id, state=add.state))
 
     def _export(self, rid: str) -> None:
         try:
             state = self.engine.export(rid)
         except (KeyError, ValueError) as exc:  # finished meanwhile, or waiting on a tool
-            self.mailbox.send(COORD, ("export_failed", rid, str(exc)))
+            self.mailbox.send(COORDINATOR, msg.ExportFailed(rid, str(exc)))
             return
-        self.mailbox.send(COORD, ("exported", rid, state))
+        self.mailbox.send(COORDINATOR, msg.Exported(rid, state))
 
     # ---- collective commands ----------------------------------------------------------------------
-    def _collective(self, msg) -> bool:
-        kind = msg[0]
-        if kind == "train":
-            self._train(*msg[1:])
-        elif kind == "sync":
-            self._sync(msg[1])
-        elif kind == "save":
-            self._save(msg[1])
-        elif kind == "role_map":
-            self.apply_role_map(msg[1], msg[2])
-            self.mailbox.send(COORD, ("ready", self.idx, self.role()))
-        elif kind == "stop":
-            self.link.fail_all("the run is stopping")
-            if self.engine is not None:
-                self.engine.close()
-            self.groups_mgr.destroy()
-            return True
-        else:
-            raise RuntimeError(f"rank {self.idx}: unknown command {kind!r} from the coordinator")
+    def _collective(self, command) -> bool:
+        """One command every member rank receives; True once told to stop."""
+        match command:
+            case msg.Train():
+                self._train(command)
+            case msg.Sync(version):
+                self._sync(version)
+            case msg.Save(path):
+                self._save(path)
+            case msg.ApplyRoleMap(role_map, handoff):
+                self.apply_role_map(role_map, handoff)
+                self.mailbox.send(COORDINATOR, msg.Ready(self.idx, self.role()))
+            case msg.Stop():
+                self.link.fail_all("the run is stopping")
+                if self.engine is not None:
+                    self.engine.close()
+                self.groups_mgr.destroy()
+                return True
+            case _:
+                raise RuntimeError(f"worker {self.idx}: unexpected message {type(command).__name__} from the coordinator")
         return False
 
-    def _train(self, step: int, trajectories: list[Trajectory], policy_version: int) -> None:
+    def _train(self, train: msg.Train) -> None:
         t0 = time.perf_counter()
-        metrics = self.trainer.train_step(trajectories, policy_version)
+        metrics = self.trainer.train_step(train.trajectories, train.policy_version)
         if self.idx == self.trainer_ranks[0]:
             metrics["train/wall_s"] = time.perf_counter() - t0
-            self.mailbox.send(COORD, ("trained", step, metrics))
+            self.mailbox.send(COORDINATOR, msg.Trained(train.step, metrics))
 
     def _sync(self, version: int) -> None:
         """New weights to every rollout rank: local reload when colocated, else a broadcast."""
@@ -349,7 +349,7 @@ class Worker:
             self.engine.set_weights(tensors, got_version)
         self.version = version
         if self.tp_leader or (self.trainer is not None and self.idx == rm.trainer_ranks[0]):
-            self.mailbox.send(COORD, ("synced", self.idx, version, time.perf_counter() - t0))
+            self.mailbox.send(COORDINATOR, msg.Synced(self.idx, version, time.perf_counter() - t0))
 
     def _save(self, path: str) -> None:
         state = self.trainer.state_dict()  # collective over the trainer group
@@ -359,14 +359,14 @@ class Worker:
             tmp = target / f"trainer.pt.tmp{os.getpid()}"
             torch.save(state, tmp)
             tmp.replace(target / "trainer.pt")
-            self.mailbox.send(COORD, ("saved", path))
+            self.mailbox.send(COORDINATOR, msg.Saved(path))
 
 
 def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None, out_dir: str | None = None) -> dict:
     from engine.devices import set_rank_device
 
     device = set_rank_device(ctx.device_info, ctx.local_rank - 1 if ctx.local_rank else 0, threads=cfg.launch.threads_per_rank)
-    ctx.set_role(f"worker:{ctx.rank - 1}")
+    ctx.set_role(f"worker:{to_worker(ctx.rank)}")
     worker = Worker(ctx, cfg, device)
     worker.rank_file = Path(out_dir) / "ranks" / f"rank{ctx.rank}.json" if out_dir else None
     return worker.run(role_map, handoff)

@@ -17,7 +17,7 @@ Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
 3. Decode boundary: a request that outgrew its bucket's limit without a tool return is demoted
    to the bucket that fits its tokens (the MLFQ safety net; `RouterConfig.demote`).
 4. Finish: the request's (prompt, outcomes, tokens at each, total) record feeds the tree, which
-   is rebuilt every `rebuild_every` finishes from the last `window` records. `tree_json` /
+   is rebuilt every `rebuild_every` finishes from the last `window` records. `tree.to_json()` /
    `load_tree_json` warm-start a run from the previous one's tree.
 
 Never to a shorter bucket, at most one migration per event, O(1) per event (plus a re-walk of the
@@ -108,9 +108,6 @@ class CMLFQRouter(BaseRouter):
                          self.tree.generation)
 
     # ---- warm start (the caller reads/writes the file) -------------------------------------
-    def tree_json(self) -> str:
-        return self.tree.to_json()
-
     def load_tree_json(self, text: str) -> None:
         self.tree = CausalPrefixTree.from_json(text, self.cfg.tree)
         for req in self._reqs.values():

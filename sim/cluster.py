@@ -1,21 +1,24 @@
-"""The discrete-event loop: batches -> trajectories -> turns -> tools -> router -> trainer -> planner.
+"""The discrete-event loop: batches -> trajectories -> turns -> tools -> step core -> trainer -> planner.
 
-One `ClusterSim` plays one system on one workload for S steps, driving the very same router and
-planner objects as the real runtime, with time from the cost model.
+One `ClusterSim` plays one system on one workload for S steps. What a step is (admission with
+lookahead, routing and migration decisions, the ledger, the metrics row, the planner's stats,
+which requests drain at a layout change) is the real runtime's own `scheduler/stepcore.py`,
+driving the very same router and planner objects; this module only supplies time, from the
+cost model.
 
 Algorithm:
-1. Batch j (prompts x n trajectories) is admitted once the rollout holds policy version
-   >= j - max_staleness (0 for synchronous systems, so `colocate` alternates rollout and
-   training). Each trajectory is routed by `router.admit` and queued on its instance.
+1. Whenever the core admits step j (lookahead = max_staleness, 0 for synchronous systems, so
+   `colocate` alternates rollout and training), the workload's batch j is routed by the core
+   and queued on its instances.
 2. Instances decode with continuous batching (`sim/instance.py`). At a turn end the trajectory
-   leaves for its tool (latency from the workload); at the tool return `router.on_tool_return`
-   may migrate it (re-prefill on the target). At its bucket's token limit `router.on_decode` may
-   demote it. Its last turn ends with `router.on_finish`.
-3. When batch j is complete and the trainer is free, the trainer runs `train_s`; then weights
-   sync to the rollout (`sync_s`, instances pause), version j+1 is published, and the planner
-   sees the step's `StepStats`. A new role map is applied at once: its moved ranks pay
-   `reconfig_s`, trajectories on removed instances are re-homed by `router.set_layout` and
-   re-prefill there.
+   leaves for its tool (latency from the workload); at the tool return the core may migrate it
+   (exported at once; the target re-prefills the whole context). At its bucket's token limit the
+   core may demote it. Its last turn finishes it in the core.
+3. When the core hands out a batch and the trainer is free, the trainer runs `train_s`; then
+   weights sync to the rollout (`sync_s`, instances pause) and the core ends the step (row,
+   stats, planner). A new role map is applied at once: its moved ranks pay `reconfig_s`, and
+   the requests of instances that go away (or change bucket engine) re-prefill where the core
+   re-homes them.
 
 Invariants (tests/test_sim_engine.py): every admitted trajectory finishes exactly once and is
 trained in its own step; staleness never exceeds the bound; same inputs give the same metrics.
@@ -26,8 +29,9 @@ from __future__ import annotations
 import heapq
 import logging
 
-from scheduler.api import StepStats
+from scheduler import stepcore as core
 from scheduler.layout import RoleMap
+from scheduler.layout_search import num_moved
 from sim.instance import SimInstance, SimRequest
 
 log = logging.getLogger(__name__)
@@ -80,31 +84,33 @@ class ClusterSim:
         self.cost = CachedCost(cost, ctx_quantum)
         self.workload = workload
         self.router = router
-        self.planner = planner
-        self.max_staleness = cfg.max_staleness if is_async else 0
+        self.core = core.StepCore(core.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
+                                                  lookahead=cfg.max_staleness if is_async else 0),
+                                  router, planner, role_map)
         self.longest_first = longest_first
         self.clairvoyant = clairvoyant  # the router is the oracle: tell it every spec up front
-        self.retired_busy_dev_s = 0.0
         self.free_sync = free_sync
         self.free_reconfig = free_reconfig
         self.admitted: list[SimRequest] | None = [] if record else None  # admission order, for traces
+        self.reqs: dict[str, SimRequest] = {}
         self.events: list = []
         self.seq = 0
         self.now = 0.0
         self.instances: dict[int, SimInstance] = {}
-        self.role_map = role_map
-        self.batches: dict[int, dict] = {}
-        self.rollout_version = 0
-        self.next_admit = 0
-        self.next_train = 0
         self.trainer_free_at = 0.0
         self.trainer_busy = False
-        self.num_migrations = 0
-        self.step_rows: list[dict] = []
-        self.pending_reconfig_s = 0.0
-        self.tool_latencies: list[float] = []
+        self.rows: list[dict] = []  # the core's metrics rows
+        self.layouts: list[RoleMap] = []  # the layout each step ran on
         self._build_instances(role_map)
-        router.set_layout(role_map, 0.0)
+        self.core.start(0.0)
+
+    @property
+    def role_map(self) -> RoleMap:
+        return self.core.role_map
+
+    @property
+    def num_migrations(self) -> int:
+        return self.core.migrations
 
     # ---- event plumbing -----------------------------------------------------------------
     def _push(self, t: float, kind: int, obj, tag: int = 0) -> None:
@@ -120,13 +126,16 @@ class ClusterSim:
         if t is not None:
             self._push(t, _INST, inst, inst.epoch)
 
-    def _build_instances(self, role_map: RoleMap) -> None:
+    def _build_instances(self, role_map: RoleMap) -> list[SimRequest]:
+        """Engines of `role_map`; an instance on the same ranks keeps its engine (as a real rank does).
+        Returns the requests of the engines that went away."""
         limits = {b.name: b.max_tokens for b in role_map.buckets}
         cap = self.cfg.max_seqs_per_device
-        new = {}
+        new, evicted = {}, []
         for ri in role_map.instances:
             old = self.instances.get(ri.instance_id)
-            if old is not None and old.tp == ri.tp and old.bucket == ri.bucket:
+            if old is not None and old.tp == ri.tp:
+                old.bucket, old.bucket_limit = ri.bucket, limits[ri.bucket]
                 new[ri.instance_id] = old
                 continue
             inst = SimInstance(instance_id=ri.instance_id, tp=ri.tp, bucket=ri.bucket,
@@ -136,8 +145,10 @@ class ClusterSim:
             new[ri.instance_id] = inst
         for iid, inst in self.instances.items():
             if new.get(iid) is not inst:
-                self.retired_busy_dev_s += inst.busy_dev_s
+                inst.advance(self.now)
+                evicted.extend(inst.evict_all())
         self.instances = new
+        return evicted
 
     # ---- main loop ----------------------------------------------------------------------
     def run(self) -> list[dict]:
@@ -151,47 +162,42 @@ class ClusterSim:
             elif kind == _TOOL:
                 self._on_tool_return(obj)
             elif kind == _TRAIN_DONE:
-                self._on_train_done(obj)
+                self._on_train_done(*obj)
             else:
                 self._on_sync_done(obj)
-        assert self.next_train == self.cfg.steps, f"simulation stalled after {self.next_train}/{self.cfg.steps} steps"
-        return self.step_rows
+        assert self.core.done, f"simulation stalled after {self.core.trained}/{self.cfg.steps} steps"
+        return self.rows
 
     # ---- rollout ------------------------------------------------------------------------
     def _try_admit(self) -> None:
-        while self.next_admit < self.cfg.steps and self.next_admit - self.rollout_version <= self.max_staleness:
-            self._admit_batch(self.next_admit)
-            self.next_admit += 1
-
-    def _admit_batch(self, j: int) -> None:
-        specs = self.workload.batch(j, self.cfg.prompts_per_step, self.cfg.samples_per_prompt)
-        if self.longest_first:
-            specs = sorted(specs, key=lambda s: -s.total_tokens)
-        if self.clairvoyant:
-            self.router.know(specs)
-        self.batches[j] = {"num_left": len(specs), "admitted_at": self.now, "complete_at": None,
-                           "version": self.rollout_version, "tokens": [], "decode": [], "num": len(specs)}
-        touched = set()
-        for spec in specs:
-            req = SimRequest(spec, j, self.rollout_version, self.now)
-            if self.admitted is not None:
-                self.admitted.append(req)
-            route = self.router.admit(spec.request_id, spec.prompt_id, spec.prompt_tokens, self.now)
-            inst = self.instances[route.instance_id]
-            inst.advance(self.now)
-            inst.queue.append(req)
-            touched.add(inst)
-        for inst in sorted(touched, key=lambda i: i.instance_id):
-            self._kick(inst)
+        while (j := self.core.next_admissible()) is not None:
+            specs = self.workload.batch(j, self.cfg.prompts_per_step, self.cfg.samples_per_prompt)
+            if self.longest_first:
+                specs = sorted(specs, key=lambda s: -s.total_tokens)
+            if self.clairvoyant:
+                self.router.know(specs)
+            new = [core.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
+                                   prompt_tokens=s.prompt_tokens, task=s) for s in specs]
+            touched = set()
+            for add in self.core.admit(j, new, self.now):
+                req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now)
+                if self.admitted is not None:
+                    self.admitted.append(req)
+                req.instance_id = add.instance_id
+                inst = self.instances[add.instance_id]
+                inst.advance(self.now)
+                inst.queue.append(req)
+                touched.add(inst)
+            for inst in sorted(touched, key=lambda i: i.instance_id):
+                self._kick(inst)
 
     def _on_instance(self, inst: SimInstance) -> None:
         inst.advance(self.now)
         for req in inst.pop_due():
             if req.left == 0:
                 self._end_turn(req)
-            else:
-                d = self.router.on_decode(req.spec.request_id, req.context, self.now)
-                self._place(req, d.instance_id, migrate=d.migrate)
+            else:  # at its bucket's token limit: the MLFQ safety net may demote it
+                self._place(req, self.core.on_decode(req.spec.request_id, req.context, self.now))
         self._kick(inst)
 
     def _end_turn(self, req: SimRequest) -> None:
@@ -199,9 +205,7 @@ class ClusterSim:
         if req.turn == len(spec.turn_tokens) - 1:
             self._finish(req)
             return
-        latency = spec.tool_latency_s[req.turn]
-        self.tool_latencies.append(latency)
-        self._push(self.now + latency, _TOOL, req)
+        self._push(self.now + spec.tool_latency_s[req.turn], _TOOL, req)
 
     def _on_tool_return(self, req: SimRequest) -> None:
         spec = req.spec
@@ -211,124 +215,88 @@ class ClusterSim:
         req.need_prefill += out_tokens
         req.turn += 1
         req.left = spec.turn_tokens[req.turn]
-        d = self.router.on_tool_return(spec.request_id, outcome, req.context, self.now)
-        self._place(req, d.instance_id, migrate=d.migrate)
+        self._place(req, self.core.on_tool_return(spec.request_id, outcome, req.context, self.now))
 
-    def _place(self, req: SimRequest, instance_id: int, *, migrate: bool) -> None:
-        inst = self.instances[instance_id]
-        if migrate or instance_id != req.instance_id:
-            self.num_migrations += 1
+    def _place(self, req: SimRequest, export: core.Export | None) -> None:
+        """Back into a batch: where it was, or (exported at once: it is between batches) on its target."""
+        if export is not None:
+            add = self.core.on_exported(req.spec.request_id, self.now)
+            assert add is not None, "the simulator applies layouts at once: nothing is parked"
             req.num_migrations += 1
-            # KV does not move: the target re-prefills the whole context
-            req.need_prefill = req.context
+            req.instance_id = add.instance_id
+            req.need_prefill = req.context  # KV does not move: the target re-prefills the whole context
+        inst = self.instances[req.instance_id]
         inst.advance(self.now)
         inst.queue.append(req)
         self._kick(inst)
 
     def _finish(self, req: SimRequest) -> None:
         req.finished_at = self.now
-        self.router.on_finish(req.spec.request_id, req.context, self.now)
-        b = self.batches[req.batch]
-        b["tokens"].append(req.context)
-        b["decode"].append(req.decode_done)
-        b["num_left"] -= 1
-        if b["num_left"] == 0:
-            b["complete_at"] = self.now
-            self._try_train()
+        spec = req.spec
+        del self.reqs[spec.request_id]
+        self.core.on_finished(spec.request_id, core.Finished(
+            num_tokens=req.context, num_model_tokens=req.decode_done, tool_latency_s=tuple(spec.tool_latency_s),
+            first_version=req.version, payload=req), self.now)
+        self._try_train()
 
     # ---- training, sync, planning -------------------------------------------------------
     def _try_train(self) -> None:
-        j = self.next_train
-        b = self.batches.get(j)
-        if self.trainer_busy or b is None or b["complete_at"] is None:
+        if self.trainer_busy:
             return
-        start = max(self.now, self.trainer_free_at)
-        tokens = sum(b["tokens"]) * self.cfg.train_epochs
+        batch = self.core.take_batch(self.now)
+        if batch is None:
+            return
+        tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
         dur = self.cost.train_s(tokens, len(self.role_map.trainer_ranks))
-        b["train_start"], b["train_s"] = start, dur
         self.trainer_busy = True
-        self._push(start + dur, _TRAIN_DONE, j)
+        self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens))
 
-    def _on_train_done(self, j: int) -> None:
+    def _on_train_done(self, dur: float, tokens: int) -> None:
+        self.core.on_trained(train_s=dur, train_tokens=tokens)
         sync = 0.0 if self.free_sync else self.cost.sync_s(len(self.role_map.rollout_ranks))
         for inst in self.instances.values():
             inst.stall(self.now, sync)
             self._kick(inst)
-        self.batches[j]["sync_s"] = sync
-        self._push(self.now + sync, _SYNC_DONE, j)
+        self._push(self.now + sync, _SYNC_DONE, sync)
 
-    def _on_sync_done(self, j: int) -> None:
-        self.rollout_version = j + 1
+    def _on_sync_done(self, sync: float) -> None:
         self.trainer_busy = False
-        self.next_train = j + 1
-        self._record_step(j)
-        self._plan(j)
+        end = self.core.end_step(self.now, sync_s=sync)
+        self.rows.append(end.row.to_dict())
+        self.layouts.append(self.role_map)
+        if end.plan is not None:
+            self._apply_layout(end.plan.role_map)
         self._try_admit()
         self._try_train()
 
-    def _plan(self, j: int) -> None:
-        if self.planner is None or j == self.cfg.steps - 1:
-            return
-        b = self.batches[j]
-        stats = StepStats(step=j, rollout_s=b["rollout_s"], train_s=b["train_s"], sync_s=b["sync_s"],
-                          trajectory_tokens=tuple(b["tokens"]), tool_latency_s=tuple(self.tool_latencies),
-                          train_tokens=sum(b["tokens"]) * self.cfg.train_epochs, role_map=self.role_map,
-                          decode_tokens=tuple(b["decode"]))
-        self.tool_latencies = []
-        decision = self.planner.on_step_end(stats, self.now)
-        if decision is not None:
-            self._apply_layout(decision.role_map)
-
-    def _apply_layout(self, new_map: RoleMap) -> None:
+    def _apply_layout(self, proposed: RoleMap) -> None:
         old = self.role_map
-        moved = sum(1 for r in range(new_map.world_size) if _rank_role(old, r) != _rank_role(new_map, r))
+        new, exports = self.core.begin_reconfigure(proposed)
+        for e in exports:  # between batches or in a tool call, every request can leave at once
+            self.core.on_exported(e.request_id, self.now)
+        assert self.core.drained()
+        moved = num_moved(old, new)
         cost = 0.0 if self.free_reconfig or moved == 0 else self.cost.reconfig_s(moved)
-        self.pending_reconfig_s += cost
-        evicted = []
-        keep = {ri.instance_id for ri in new_map.instances}
-        for iid, inst in self.instances.items():
+        self.core.add_reconfig_s(cost)
+        for inst in self.instances.values():
             inst.advance(self.now)
-            ri_new = next((ri for ri in new_map.instances if ri.instance_id == iid), None)
-            if iid not in keep or ri_new.tp != inst.tp or ri_new.bucket != inst.bucket:
-                evicted.extend(inst.evict_all())
-        self.role_map = new_map
-        self._build_instances(new_map)
-        routes = self.router.set_layout(new_map, self.now)
+        evicted = self._build_instances(new)
+        for add in self.core.finish_reconfigure(self.now):
+            req = self.reqs[add.request_id]
+            req.instance_id = add.instance_id
+            req.need_prefill = req.context
         for inst in self.instances.values():
             inst.stall(self.now, cost)
         self.trainer_free_at = max(self.trainer_free_at, self.now + cost)
-        for req in evicted:
-            route = routes.get(req.spec.request_id)
-            # an instance id kept with new ranks/TP is a new engine: the request stays, its KV is gone
-            iid = route.instance_id if route is not None else req.instance_id
-            assert iid in self.instances, f"router did not re-home {req.spec.request_id} off removed instance {iid}"
+        for req in evicted:  # an engine that went away lost its KV: the request re-prefills where the core put it
             req.need_prefill = req.context
-            req.instance_id = iid
-            self.instances[iid].queue.append(req)
+            assert req.instance_id in self.instances, f"{req.spec.request_id} left on removed instance {req.instance_id}"
+            self.instances[req.instance_id].queue.append(req)
         for inst in self.instances.values():
             self._kick(inst)
-
-    def _record_step(self, j: int) -> None:
-        b = self.batches[j]
-        prev = self.batches.get(j - 1)
-        prev_end = prev["step_end"] if prev else 0.0
-        b["step_end"] = self.now
-        # the batch's own critical path (admission to last finish), as StepStats defines it; under
-        # async pipelining it overlaps the previous batch's tail, so steps may sum to more than the run
-        b["rollout_s"] = b["complete_at"] - b["admitted_at"]
-        self.step_rows.append({"step": j, "time_s": self.now, "step_s": self.now - prev_end, "batch": b,
-                               "migrations": self.num_migrations, "role_map": self.role_map,
-                               "reconfig_s": self.pending_reconfig_s,
-                               "rollout_busy_dev_s": self.retired_busy_dev_s + sum(i.busy_dev_s for i in self.instances.values())})
-        self.pending_reconfig_s = 0.0
 
 
 def kv_capacity_tokens(cost, tp: int, mem_frac: float = 0.9) -> float:
     """KV-cache tokens an instance holds: memory left after its weight shard (vLLM's gpu_memory_utilization)."""
     free = cost.hw.mem_bytes * mem_frac * tp - cost.model.weight_bytes
     return max(0.0, free) / cost.model.kv_bytes_per_token
-
-
-def _rank_role(role_map: RoleMap, rank: int) -> tuple:
-    inst = role_map.instance_of(rank)
-    return (rank in role_map.trainer_ranks, None if inst is None else (inst.bucket, inst.ranks))

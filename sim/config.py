@@ -1,6 +1,7 @@
 """`SimConfig`: the one frozen config of a simulated run (workload, cluster, model, schedule).
 
-Presets of the paper's experiments live in `bench/presets.py` and return `SimConfig`s.
+`default_sim` is what `python libra.py --bench B --sim` runs; the presets of the paper's
+experiments live in `bench/presets.py`.
 
 Invariants (tests/test_sim_config.py): every bad value raises ValueError naming the field, the
 value and the fix; `to_dict()` is JSON-safe and lists every field.
@@ -70,3 +71,9 @@ class SimConfig:
 
     def replace(self, **changes) -> SimConfig:
         return dataclasses.replace(self, **changes)
+
+
+def default_sim(bench: str = "swe", seed: int = 0) -> SimConfig:
+    """16 x A800, Qwen3-14B, 10 steps of 16 prompts x 8 samples: every system in well under a minute."""
+    return SimConfig(bench=bench, hardware="a800", model="qwen3-14b", num_devices=16, steps=10,
+                     prompts_per_step=16, samples_per_prompt=8, seed=seed)

@@ -1,4 +1,4 @@
-"""Entry points of the simulator: `simulate` one system, `compare` all of them, `format_table`.
+"""Entry points of the simulator: `simulate` one system, `compare` all of them, `replay` a real run.
 
 Algorithm of `simulate(cfg, system)`:
 1. cost model = `scheduler.costmodel.get_cost_model(cfg.hardware, cfg.model)`; workload = the
@@ -8,8 +8,11 @@ Algorithm of `simulate(cfg, system)`:
    clairvoyant router of `sim/oracle.py`, longest-first admission, free sync and free
    reconfiguration: the planners/pipelines of `ORACLE_BASES` and, in `compare`, every layout
    another system ran on (held fixed; the oracle knows the workload, so it needs no planner).
-3. `sim/cluster.py` plays S steps; `sim/report.py` turns them into DESIGN.md's metrics and summary.
+3. `sim/cluster.py` plays S steps through the runtime's own step core, which writes DESIGN.md's
+   metrics rows; `runlog.summarize` turns them into the summary (reward: `sim/reward.py`'s model).
 `compare` runs every system on the same workload and seed and writes compare.json/compare.png.
+`replay(run_dir)` plays a real run's recorded trajectories (`sim/trace.py`) through the same
+system and compares the predicted step times with the measured `step_s` (mean abs. % error).
 
 Invariants (tests/test_sim_run.py): same config and seed -> identical summaries (except host
 timings); tokens and trajectories are equal across systems; no system beats `oracle`.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runlog import add_ratios, format_table, plot_compare, summarize
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
 from scheduler.layout import BucketsConfig, RoleMap
@@ -31,14 +36,13 @@ from scheduler.prefix_tree import PrefixTreeConfig
 from scheduler.routers import RouterConfig
 from scheduler.systems import SYSTEMS
 from sim.cluster import ClusterSim
-from sim.config import SimConfig
+from sim.config import SimConfig, default_sim
 from sim.oracle import OracleRouter
-from sim.report import add_ratios, format_table, metrics_rows, summarize
 from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
 from sim.trace import TraceWorkload, write_trajectories
 from sim.workload import PROFILES, SyntheticWorkload, get_profile
 
-__all__ = ["simulate", "compare", "format_table", "all_systems", "SimConfig"]
+__all__ = ["simulate", "compare", "replay", "play_system", "format_table", "all_systems", "SimConfig"]
 log = logging.getLogger(__name__)
 
 ORACLE = "oracle"
@@ -105,7 +109,8 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
     sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
                      role_map=parts.role_map, is_async=parts.is_async, longest_first=clairvoyant,
                      clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record)
-    return sim.run(), parts, sim
+    sim.run()
+    return sim.layouts, parts, sim
 
 
 def _layout_key(rm: RoleMap) -> tuple:
@@ -113,14 +118,13 @@ def _layout_key(rm: RoleMap) -> tuple:
             tuple((b.name, b.max_tokens) for b in rm.buckets))
 
 
-def layouts_used(metrics_source: list[dict]) -> list[RoleMap]:
+def layouts_used(layouts: list[RoleMap]) -> list[RoleMap]:
     """The layouts a run spent most steps on and ended with (deduplicated), for the oracle to try."""
     counts: dict[tuple, list] = {}
-    for row in metrics_source:
-        rm = row["role_map"]
+    for rm in layouts:
         counts.setdefault(_layout_key(rm), [0, rm])[0] += 1
     most = max(counts.values(), key=lambda c: c[0])[1]
-    last = metrics_source[-1]["role_map"]
+    last = layouts[-1]
     return [most] if _layout_key(most) == _layout_key(last) else [most, last]
 
 
@@ -135,25 +139,33 @@ def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None]]:
     return out
 
 
-def _run(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=()) -> tuple[dict, list[dict], list, list]:
+def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=()) -> tuple[dict, list[dict], list, list]:
+    """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system."""
     t0 = time.perf_counter()
     cost = get_cost_model(cfg.hardware, cfg.model)
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
     best = None
     for base, fixed in _candidates(system, oracle_layouts):
-        rows, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed)
-        if best is None or rows[-1]["time_s"] < best[0][-1]["time_s"]:
-            best = (rows, parts, sim, base if fixed is None else "fixed " + fixed.describe())
-    rows, parts, sim, source = best
-    metrics = metrics_rows(rows, colocated=parts.colocated, tracker=RewardTracker(curve, cfg.staleness_penalty))
-    summary = summarize(metrics, bench=cfg.bench, system=system, sim_wall_s=time.perf_counter() - t0,
-                        reward_target=target)
+        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed)
+        if best is None or sim.rows[-1]["time_s"] < best[2].rows[-1]["time_s"]:
+            best = (layouts, parts, sim, base if fixed is None else "fixed " + fixed.describe())
+    layouts, parts, sim, source = best
+    tracker = RewardTracker(curve, cfg.staleness_penalty)
+    # the simulator trains nothing: its reward is the documented model of training progress
+    metrics = [{**row, "reward_mean": tracker.step(row["staleness_max"])} for row in sim.rows]
+    summary = summarize(metrics, bench=cfg.bench, system=system, mode="sim", wall_s=metrics[-1]["time_s"],
+                        dropped=sim.core.ledger.counts()["dropped"], peak_rss_mb=_peak_rss_mb(),
+                        reward_target=target, sim_wall_s=time.perf_counter() - t0, note=REWARD_NOTE)
     if system == ORACLE:
         summary["oracle_schedule_from"] = source
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
-    return summary, metrics, sim.admitted or [], layouts_used(rows)
+    return summary, metrics, sim.admitted or [], layouts_used(layouts)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict], admitted=()) -> None:
@@ -170,7 +182,7 @@ def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metric
 def simulate(cfg: SimConfig, system: str, out_dir: Path | None = None) -> dict:
     """Simulate one system; with `out_dir`, write config.json, metrics.jsonl, summary.json there,
     and the run's trajectories.jsonl in the real runtime's trace format (replayable)."""
-    summary, metrics, admitted, _ = _run(cfg, system, record=out_dir is not None)
+    summary, metrics, admitted, _ = play_system(cfg, system, record=out_dir is not None)
     if out_dir is not None:
         _write_run(Path(out_dir), cfg, system, summary, metrics, admitted)
     return summary
@@ -182,7 +194,7 @@ def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> 
     results, layouts = {}, []
     # the oracle runs last: it tries every layout the other systems ran on
     for name in sorted(names, key=lambda n: n == ORACLE):
-        summary, metrics, _, used = _run(cfg, name, oracle_layouts=layouts)
+        summary, metrics, _, used = play_system(cfg, name, oracle_layouts=layouts)
         layouts.extend(used)
         results[name] = summary
         if out_dir is not None:
@@ -201,16 +213,12 @@ def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> 
     if out_dir is not None:
         out_dir = Path(out_dir)
         (out_dir / "compare.json").write_text(json.dumps(out, indent=2))
-        from sim.plot import plot_compare
-
         plot_compare(out, out_dir / "compare.png")
     return out
 
 
 def run_from_libra_config(cfg, out_dir: Path) -> int:
     """`python libra.py --bench B --sim [--compare] [--system S] [--seed N] [--out DIR]`: the default preset."""
-    from bench.presets import default_sim
-
     if cfg.run.bench not in PROFILES:
         raise ValueError(f"--sim has no workload profile for bench {cfg.run.bench!r}; use one of {sorted(PROFILES)}")
     sim_cfg = default_sim(cfg.run.bench, seed=cfg.run.seed)
@@ -225,3 +233,23 @@ def run_from_libra_config(cfg, out_dir: Path) -> int:
     print(f"{cfg.run.system} (sim): {summary['tokens_per_s']:.0f} tok/s, {summary['trajectories_per_s']:.3f} traj/s; "
           f"wrote {out_dir}")
     return 0
+
+
+def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu", model: str = "tiny",
+           max_staleness: int = 1, max_seqs_per_device: int = 32) -> dict:
+    """Predicted vs measured step times of a recorded run (see the module docstring)."""
+    run_dir = Path(run_dir)
+    measured = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    wl = TraceWorkload.load(run_dir)
+    steps = min(wl.num_steps, len(measured))
+    cfg = SimConfig(bench=wl.name, hardware=hardware, model=model, num_devices=num_devices, steps=steps,
+                    max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir))
+    summary, metrics, _, _ = play_system(cfg, system)
+    pairs = [(m["step_s"], p["step_s"]) for m, p in zip(measured[:steps], metrics)]
+    errors = [abs(p - m) / m for m, p in pairs if m > 0]
+    return {
+        "system": system, "hardware": hardware, "model": model, "steps": steps,
+        "measured_step_s": [m for m, _ in pairs], "predicted_step_s": [p for _, p in pairs],
+        "mape": sum(errors) / len(errors) if errors else 0.0,
+        "measured_total_s": sum(m for m, _ in pairs), "predicted_total_s": summary["wall_s"],
+    }

@@ -7,10 +7,8 @@ Trace format (a run dir): `metrics.jsonl` (DESIGN.md fields, one row per step) a
 `turns` are [start, end) token positions of the model turns; the gap between one turn's end and
 the next one's start is the tool output (with its chat template) that was prefilled.
 
-Fidelity: `replay(run_dir, ...)` plays the recorded trajectories through the simulator with the
-given cost entry (e.g. `cpu` x `tiny` for a CPU run) and the same system, and compares the
-predicted step times with the measured `step_s` of `metrics.jsonl` (per step and as mean absolute
-percentage error).
+Fidelity: `sim.run.replay(run_dir, ...)` plays these recorded trajectories through the simulator
+and compares the predicted step times with the measured ones.
 
 Invariants (tests/test_sim_trace.py): write -> load round-trips every TrajSpec exactly; a
 trace written by the simulator replays to the same step times (error 0); malformed records
@@ -102,26 +100,3 @@ def write_trajectories(path: Path, finished: list) -> None:
     with open(path, "w") as f:
         for req in finished:
             f.write(json.dumps(spec_to_record(req.spec, req.batch, req.instances)) + "\n")
-
-
-def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu", model: str = "tiny",
-           max_staleness: int = 1, max_seqs_per_device: int = 32) -> dict:
-    """Predicted vs measured step times of a recorded run (see the module docstring)."""
-    from sim.config import SimConfig
-    from sim.run import _run
-
-    run_dir = Path(run_dir)
-    measured = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    wl = TraceWorkload.load(run_dir)
-    steps = min(wl.num_steps, len(measured))
-    cfg = SimConfig(bench=wl.name, hardware=hardware, model=model, num_devices=num_devices, steps=steps,
-                    max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir))
-    summary, metrics, _, _ = _run(cfg, system)
-    pairs = [(m["step_s"], p["step_s"]) for m, p in zip(measured[:steps], metrics)]
-    errors = [abs(p - m) / m for m, p in pairs if m > 0]
-    return {
-        "system": system, "hardware": hardware, "model": model, "steps": steps,
-        "measured_step_s": [m for m, _ in pairs], "predicted_step_s": [p for _, p in pairs],
-        "mape": sum(errors) / len(errors) if errors else 0.0,
-        "measured_total_s": sum(m for m, _ in pairs), "predicted_total_s": summary["wall_s"],
-    }

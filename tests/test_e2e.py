@@ -57,7 +57,7 @@ def test_libra_migrates_and_moves_ranks(tmp_path):
     # ratio band and no minimum gain make the planner re-plan at the first step boundary
     summary, metrics = run_libra(
         tmp_path, "--bench", "swe", "--system", "libra", "--steps", "3", "--rollout.max-new-tokens-per-turn", "40",
-        "--router.bucket-max-tokens", "1500,1800", "--planner.ratio-band", "0.99,1.01", "--planner.min-gain-ratio", "0",
+        "--buckets.max-tokens", "1500,1800", "--planner.ratio-band", "0.99,1.01", "--planner.min-gain-ratio", "0",
         "--planner.interval-steps", "1", "--planner.min-history-trajectories", "1", "--planner.settle-steps", "0",
         "--planner.allowed-tp", "1,2")  # keep a TP2 instance in the loop: TP must work on gloo
     check_outputs(summary, metrics, 3)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.ledger import Ledger
+from scheduler.ledger import Ledger
 
 
 def test_every_started_trajectory_ends_trained_or_dropped():

@@ -150,7 +150,7 @@ def test_router_warm_start_from_json():
     r = CMLFQRouter(CFG)
     r.set_layout(_layout(), 0.0)
     r.admit("a", "p0", 100, 0.0)
-    r.load_tree_json(src.tree_json())
+    r.load_tree_json(src.tree.to_json())
     assert r.on_tool_return("a", FAIL, 300, 1.0).migrate
 
 

@@ -37,7 +37,7 @@ def test_compare_writes_design_outputs_for_every_system(small_compare):
     for name, summary in on_disk["systems"].items():
         assert SUMMARY_FIELDS <= set(summary) and summary["mode"] == "sim" and summary["system"] == name
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [0, 1, 2, 3]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]  # 1-based, as in real runs
         assert all(METRIC_FIELDS <= set(r) for r in rows)
         assert all(r["staleness_max"] <= SMALL.max_staleness for r in rows)
 
@@ -124,7 +124,7 @@ def test_libra_sim_entry_writes_a_run_dir(tmp_path, capsys):
 
 
 def test_table_accepts_real_run_summaries_without_sim_columns():
-    from sim.report import add_ratios
+    from runlog import add_ratios
 
     systems = {"libra": {"tokens_per_s": 30.0, "trajectories_per_s": 0.5},
                "colocate": {"tokens_per_s": 10.0, "trajectories_per_s": 0.2}}

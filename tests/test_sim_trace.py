@@ -8,7 +8,8 @@ import pytest
 from scheduler.api import OutcomeState
 from sim.config import SimConfig
 from sim.run import simulate
-from sim.trace import TraceWorkload, record_to_spec, replay, spec_to_record
+from sim.run import replay
+from sim.trace import TraceWorkload, record_to_spec, spec_to_record
 from sim.workload import SyntheticWorkload, TrajSpec, get_profile
 
 

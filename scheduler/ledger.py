@@ -1,8 +1,9 @@
 """The trajectory ledger: every started trajectory is trained once or dropped with a reason.
 
-Plain Python (no torch). The coordinator records each trajectory when it starts, when it
-finishes, when it is trained and when it is dropped; `check()` asserts the DESIGN invariant at
-the end of a run, and `counts()` goes into summary.json.
+Plain Python (no torch). The step core (`scheduler/stepcore.py`, for the real runtime and the
+simulator alike) records each trajectory when it starts, when it finishes, when it is trained
+and when it is dropped; `check()` asserts the DESIGN invariant at the end of a run, and
+`counts()` goes into summary.json.
 
 Invariants (tests/test_ledger.py): a trajectory is trained at most once; a dropped one has a
 reason; after `close()` every started trajectory is trained or dropped; an unknown or repeated
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-DROP_REASONS = ("stale", "tool_infra", "cancelled", "empty_group")
+from runlog import DROP_REASONS
 
 
 @dataclass
