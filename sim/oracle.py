@@ -11,7 +11,7 @@ It is the yardstick every system is compared with (simulation only). The oracle
 a fixed split, colocation) and keeps the fastest, so the oracle is the best clairvoyant schedule
 we know, not a proof of optimality.
 
-Invariants (tests/test_sim_oracle.py): the oracle never migrates; no system's throughput beats
+Invariants (tests/test_sim_oracle.py, tests/test_sim_run.py): the oracle never migrates; no system's throughput beats
 the oracle's on the same workload and seed.
 """
 

@@ -1,0 +1,50 @@
+"""engine/checkpoint.py: `latest()` returns the newest complete checkpoint and ignores a run
+killed mid-write; `save` then `load` gives back the same RunState; a failing trainer save leaves
+no checkpoint that `latest()` would pick."""
+
+import pytest
+
+from engine import checkpoint
+from scheduler.layout import BucketsConfig, split_role_map
+from scheduler.stepcore import RunState
+
+
+def state(step: int) -> RunState:
+    rm = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1), ("long", 2)),
+                        buckets=BucketsConfig().buckets(), version=step)
+    return RunState(step=step, policy_version=step, role_map=rm, prefix_tree='{"nodes": []}',
+                    ledger={"trained": 8 * step, "stale": 1}, trained_task_ids=tuple(f"t{i}" for i in range(step)))
+
+
+def write_trainer(d: str, what: str) -> None:
+    (checkpoint.Path(d) / "trainer.pt").write_bytes(b"weights")
+
+
+def test_save_then_load_gives_back_the_same_run_state(tmp_path):
+    path = checkpoint.save(tmp_path, state(3), write_trainer)
+    assert path.name == "step-000003" and (path / "trainer.pt").read_bytes() == b"weights"
+    assert checkpoint.load(path) == state(3)
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path):
+    assert checkpoint.latest(tmp_path) is None
+    checkpoint.save(tmp_path, state(2), write_trainer)
+    checkpoint.save(tmp_path, state(4), write_trainer)
+    (tmp_path / "ckpt" / "step-000006").mkdir()  # killed before the marker: never picked
+    (tmp_path / "ckpt" / ".tmp-step-000008").mkdir()
+    assert checkpoint.latest(tmp_path).name == "step-000004"
+
+
+def test_a_trainer_that_fails_to_save_leaves_no_checkpoint(tmp_path):
+    def broken(d, what):
+        raise RuntimeError(f"timed out waiting for {what}")
+
+    with pytest.raises(RuntimeError, match="checkpoint step-000005"):
+        checkpoint.save(tmp_path, state(5), broken)
+    assert checkpoint.latest(tmp_path) is None
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    checkpoint.save(tmp_path, state(2), write_trainer)
+    checkpoint.save(tmp_path, RunState(**{**state(2).__dict__, "policy_version": 9}), write_trainer)
+    assert checkpoint.load(checkpoint.latest(tmp_path)).policy_version == 9
