@@ -188,10 +188,11 @@ def test_done_result_submits(tiny):
             self.calls.append(call)
             return ToolResult(tool="submit", text="bye", status="success", done=True)
 
-    done, seen = run(engine_for(Scripted(model, make_script(tok)), tok), [RolloutRequest("s", task_for(0), Submit(), render_prompt(tok, task_for(0).messages, ()), "g")])
+    ep = Submit()
+    done, seen = run(engine_for(Scripted(model, make_script(tok)), tok), [RolloutRequest("s", task_for(0), ep, render_prompt(tok, task_for(0).messages, ()), "g")])
     assert done["s"].finish_reason == "submit" and done["s"].reward == 1.0
     assert isinstance(done["s"].tool_outcomes[0], tuple) and [e.outcome for e in seen if isinstance(e, ToolReturned)] == [("submit", "small", "success")]
-    assert isinstance(ToolCall("a", {}), ToolCall)
+    assert [(c.name, c.arguments) for c in ep.calls] == [("calc", {"x": 1})]  # the episode ended at the submit: the bad call was never made
 
 
 def test_set_weights_between_iterations_keeps_in_flight():
