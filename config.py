@@ -28,6 +28,7 @@ from pathlib import Path
 
 from engine.rollout_types import RolloutConfig
 from engine.trainer_config import TrainerConfig
+from loggers import check_loggers
 from envs.registry import BENCHES
 from scheduler.layout import BucketsConfig
 from scheduler.planner import PlannerConfig
@@ -56,6 +57,7 @@ class RunConfig:
     compare_systems: tuple[str, ...] = ()  # systems for --compare (comma-separated); empty = all real systems
     plan_only: bool = False  # print the placement (ranks, roles, buckets, devices) and exit
     resume: str = ""  # run directory to resume from its newest complete checkpoint
+    loggers: tuple[str, ...] = ("console", "jsonl")  # comma-separated: console, jsonl (always on), tensorboard, wandb
 
     def __post_init__(self):
         if self.bench not in BENCHES:
@@ -73,6 +75,7 @@ class RunConfig:
             raise ValueError(f"--num-tasks {self.num_tasks} must be >= 0 (0 = all tasks)")
         if self.demo_turns < -1:
             raise ValueError(f"--demo-turns {self.demo_turns} must be >= 0, or -1 for the model's default")
+        object.__setattr__(self, "loggers", check_loggers(self.loggers))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,10 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
             flag = _flag(path) if section.name == "run" else _flag(f"{section.name}.{path}")
             kind = "store_true" if section.name == "run" and tp is bool else None
             help_text = _help_of(cls, f.name) if "." not in path else ""
-            if kind:
-                group.add_argument(flag, action="store_true", dest=f"{section.name}.{path}", help=help_text)
-            else:
-                group.add_argument(flag, type=_parser_for(tp), dest=f"{section.name}.{path}", metavar=tp.__name__ if isinstance(tp, type) else "V", help=help_text)
+            # run flags are short (--steps); the dotted spelling (--run.steps) works too, unlisted
+            spellings = [(flag, help_text)] + ([(_flag(f"run.{path}"), argparse.SUPPRESS)] if section.name == "run" else [])
+            for spelling, text in spellings:
+                if kind:
+                    group.add_argument(spelling, action="store_true", dest=f"{section.name}.{path}", help=text)
+                else:
+                    group.add_argument(spelling, type=_parser_for(tp), dest=f"{section.name}.{path}",
+                                       metavar=tp.__name__ if isinstance(tp, type) else "V", help=text)
     return p
 
 
@@ -287,7 +294,9 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
         cfg = dataclasses.replace(saved, run=run)
     else:
         run = RunConfig(**run_kw)
-        kind = device_kind_of(run.device) if device_kind_of else ("cpu" if run.device in ("auto", "cpu") else run.device)
+        # a simulation plays its own cluster: the local device is irrelevant, and probing it imports torch
+        probe = device_kind_of and not run.sim
+        kind = device_kind_of(run.device) if probe else ("cpu" if run.device in ("auto", "cpu") else run.device)
         cfg = preset_for(run, kind)
     for key, value in ns.items():
         if key.startswith("run."):

@@ -1,4 +1,5 @@
-"""scheduler/, envs/ and sim/ stay importable without torch, transformers, accelerate or multiprocessing.
+"""scheduler/, envs/ and sim/ stay importable without torch, transformers, accelerate or multiprocessing;
+the config layer, `python libra.py --help` and `--sim` run without importing them either.
 
 Modules are discovered with pkgutil, so files others add later are checked too.
 """
@@ -60,3 +61,28 @@ def test_no_module_imports_multiprocessing_or_heavy_libs_directly():
             if hits:
                 bad[str(path.relative_to(ROOT))] = sorted(hits)
     assert bad == {}
+
+
+def _heavy_after(code: str) -> list[str]:
+    probe = code + f"\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_config_layer_imports_no_heavy_module():
+    assert _heavy_after("import config, runlog\nconfig.parse_args(['--bench', 'math', '--trainer.lr', '1e-4'])") == []
+
+
+def test_libra_help_imports_no_heavy_module():
+    code = ("import contextlib, io, libra\nbuf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit): libra.main(['--help'])\n"
+            "assert '--buckets.max-tokens' in buf.getvalue()")
+    assert _heavy_after(code) == []
+
+
+def test_libra_sim_imports_no_heavy_module(tmp_path):
+    code = (f"import libra\nrc = libra.main(['--bench', 'math', '--sim', '--out', {str(tmp_path / 'sim')!r}])\n"
+            "assert rc == 0, rc")
+    assert _heavy_after(code) == []
+    assert (tmp_path / "sim" / "summary.json").is_file()
