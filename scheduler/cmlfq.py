@@ -36,7 +36,7 @@ import logging
 from scheduler.api import Decision, OutcomeState, Route
 from scheduler.layout import RoleMap
 from scheduler.prefix_tree import CausalPrefixTree
-from scheduler.routers import BaseRouter, RouterConfig, _Req
+from scheduler.routers import BaseRouter, RouterConfig, RouterRequest
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class CMLFQRouter(BaseRouter):
         self.num_causal_migrations = 0
         self.num_load_holds = 0  # causal moves skipped because the target was crowded
 
-    def _crowded(self, req: _Req, target: int) -> bool:
+    def _crowded(self, req: RouterRequest, target: int) -> bool:
         """A high-TP instance is faster per token only while it is not swamped: when every instance
         of the target holds `migrate_load_slack` x more tokens per device than the request's own,
         the move would trade a re-prefill for a slower seat. The token-limit demotion still applies."""
@@ -58,7 +58,7 @@ class CMLFQRouter(BaseRouter):
         there = min(self._per_device(i, req.tokens) for i in self._by_bucket[target])
         return there > self.cfg.migrate_load_slack * here
 
-    def _admit_target(self, req: _Req) -> tuple[int, int]:
+    def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
         """The shortest bucket, unless it is crowded: a step admits its whole batch at once, and
         queueing hundreds of prompts on the few instances of the first bucket while longer buckets
         idle costs more than starting some of them higher (they never need a migration). So move
@@ -80,10 +80,10 @@ class CMLFQRouter(BaseRouter):
         self._tp = {i.instance_id: i.tp for i in role_map.instances}
         return super().set_layout(role_map, now)
 
-    def _on_admit(self, req: _Req) -> None:
+    def _on_admit(self, req: RouterRequest) -> None:
         req.cursor = self.tree.cursor(req.prompt_id)
 
-    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+    def _on_tool(self, req: RouterRequest, outcome: OutcomeState) -> Decision:
         self.tree.advance(req.cursor, outcome)
         est = self.tree.estimate(req.cursor)
         if est is not None:
@@ -97,12 +97,12 @@ class CMLFQRouter(BaseRouter):
                 return self._migrate(req, target, reason)
         return (self.cfg.demote and self._demotion(req)) or self._stay(req)
 
-    def _on_decode(self, req: _Req) -> Decision:
+    def _on_decode(self, req: RouterRequest) -> Decision:
         if self.cfg.demote:
             return self._demotion(req) or self._stay(req)
         return self._stay(req)
 
-    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+    def _on_finish(self, req: RouterRequest, total_tokens: int) -> None:
         if self.tree.add(self.record_of(req, total_tokens)):
             logger.debug("prefix tree rebuilt from %d trajectories (generation %d)", self.tree.num_records,
                          self.tree.generation)

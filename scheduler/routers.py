@@ -61,7 +61,9 @@ def cpu_router_config(**overrides) -> RouterConfig:
     return RouterConfig(**base)
 
 
-class _Req:
+class RouterRequest:
+    """What a router tracks of one request (shared by every router built on BaseRouter)."""
+
     __slots__ = ("request_id", "prompt_id", "prompt_tokens", "instance_id", "bucket", "tokens",
                  "outcomes", "tokens_at", "cursor", "num_migrations")
 
@@ -82,7 +84,7 @@ class BaseRouter:
     def __init__(self, cfg: RouterConfig | None = None) -> None:
         self.cfg = cfg or RouterConfig()
         self.role_map: RoleMap | None = None
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, RouterRequest] = {}
         self._load: dict[int, int] = {}
         self._by_bucket: dict[int, list[int]] = {}
         self._inst_bucket: dict[int, int] = {}
@@ -112,7 +114,7 @@ class BaseRouter:
             self._load[req.instance_id] += req.tokens
         return moved
 
-    def _rehome(self, req: _Req, old_names: list[str], names: list[str], moved: dict[str, Route]) -> None:
+    def _rehome(self, req: RouterRequest, old_names: list[str], names: list[str], moved: dict[str, Route]) -> None:
         if req.instance_id in self._inst_bucket:
             req.bucket = self._inst_bucket[req.instance_id]
             return
@@ -135,13 +137,13 @@ class BaseRouter:
                 return bi
         return self._active[-1]
 
-    def _route(self, req: _Req) -> Route:
+    def _route(self, req: RouterRequest) -> Route:
         return Route(req.instance_id, self.role_map.buckets[req.bucket].name)
 
-    def _stay(self, req: _Req, reason: str = "") -> Decision:
+    def _stay(self, req: RouterRequest, reason: str = "") -> Decision:
         return Decision("stay", req.instance_id, self.role_map.buckets[req.bucket].name, reason)
 
-    def _migrate(self, req: _Req, bucket: int, reason: str) -> Decision:
+    def _migrate(self, req: RouterRequest, bucket: int, reason: str) -> Decision:
         assert bucket > req.bucket, "migrations only go to longer buckets"
         self._load[req.instance_id] -= req.tokens
         req.bucket, req.instance_id = bucket, self._pick(bucket)
@@ -150,17 +152,17 @@ class BaseRouter:
         self.num_migrations += 1
         return Decision("migrate", req.instance_id, self.role_map.buckets[bucket].name, reason)
 
-    def _get(self, request_id: str) -> _Req:
+    def _get(self, request_id: str) -> RouterRequest:
         req = self._reqs.get(request_id)
         if req is None:
             raise KeyError(f"{self.name} router: request {request_id!r} is not in flight (never admitted, or finished)")
         return req
 
-    def _set_tokens(self, req: _Req, tokens: int) -> None:
+    def _set_tokens(self, req: RouterRequest, tokens: int) -> None:
         self._load[req.instance_id] += tokens - req.tokens
         req.tokens = tokens
 
-    def _demotion(self, req: _Req) -> Decision | None:
+    def _demotion(self, req: RouterRequest) -> Decision | None:
         lim = self._limit[req.bucket]
         if lim is None or req.tokens <= lim:
             return None
@@ -175,7 +177,7 @@ class BaseRouter:
         if request_id in self._reqs:
             logger.debug("request %s admitted again while in flight; replacing it", request_id)
             self.on_cancel(request_id, now)
-        req = _Req(request_id, prompt_id, int(prompt_tokens))
+        req = RouterRequest(request_id, prompt_id, int(prompt_tokens))
         bi, iid = self._admit_target(req)
         req.bucket, req.instance_id = bi, iid
         self._load[iid] += req.tokens
@@ -205,11 +207,11 @@ class BaseRouter:
         if req is not None:  # cancel is idempotent: the coordinator may cancel after a finish raced it
             self._drop(req)
 
-    def _drop(self, req: _Req) -> None:
+    def _drop(self, req: RouterRequest) -> None:
         self._load[req.instance_id] -= req.tokens
         del self._reqs[req.request_id]
 
-    def record_of(self, req: _Req, total_tokens: int) -> TrajectoryRecord:
+    def record_of(self, req: RouterRequest, total_tokens: int) -> TrajectoryRecord:
         return TrajectoryRecord(prompt_id=req.prompt_id, prompt_tokens=req.prompt_tokens, outcomes=tuple(req.outcomes),
                                 tokens_at=tuple(req.tokens_at), total_tokens=total_tokens)
 
@@ -225,20 +227,20 @@ class BaseRouter:
         return self._route(self._get(request_id))
 
     # ---- hooks -------------------------------------------------------------------------------
-    def _admit_target(self, req: _Req) -> tuple[int, int]:
+    def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
         bi = self._active[0]
         return bi, self._pick(bi)
 
-    def _on_admit(self, req: _Req) -> None:
+    def _on_admit(self, req: RouterRequest) -> None:
         pass
 
-    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+    def _on_tool(self, req: RouterRequest, outcome: OutcomeState) -> Decision:
         return self._stay(req)
 
-    def _on_decode(self, req: _Req) -> Decision:
+    def _on_decode(self, req: RouterRequest) -> Decision:
         return self._stay(req)
 
-    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+    def _on_finish(self, req: RouterRequest, total_tokens: int) -> None:
         pass
 
 
@@ -247,7 +249,7 @@ class LeastLoadRouter(BaseRouter):
 
     name = "least_load"
 
-    def _admit_target(self, req: _Req) -> tuple[int, int]:
+    def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
         load = self._load
         iid = min(load, key=lambda i: (load[i], i))
         return self._inst_bucket[iid], iid
@@ -266,12 +268,12 @@ class LengthAwareRouter(BaseRouter):
         h = self._history.get(prompt_id)
         return sum(h) / len(h) if h else None
 
-    def _admit_target(self, req: _Req) -> tuple[int, int]:
+    def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
         pred = self.predict(req.prompt_id)
         bi = self._active[0] if pred is None else self._bucket_for_tokens(pred)
         return bi, self._pick(bi)
 
-    def _on_finish(self, req: _Req, total_tokens: int) -> None:
+    def _on_finish(self, req: RouterRequest, total_tokens: int) -> None:
         self._history.setdefault(req.prompt_id, deque(maxlen=self.cfg.length_history)).append(total_tokens)
 
 
@@ -280,8 +282,8 @@ class LAMLFQRouter(BaseRouter):
 
     name = "la_mlfq"
 
-    def _on_tool(self, req: _Req, outcome: OutcomeState) -> Decision:
+    def _on_tool(self, req: RouterRequest, outcome: OutcomeState) -> Decision:
         return self._demotion(req) or self._stay(req)
 
-    def _on_decode(self, req: _Req) -> Decision:
+    def _on_decode(self, req: RouterRequest) -> Decision:
         return self._demotion(req) or self._stay(req)
