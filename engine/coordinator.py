@@ -45,6 +45,7 @@ from engine.protocol import WORKER_OFFSET, to_global
 from engine.rollout_types import Finished, Progress, ToolReturned
 from engine.trajectory import Trajectory
 from engine.view import StepView
+from loggers import MetricLoggers
 from runlog import RunWriter, summarize
 from scheduler import stepcore as core
 from scheduler.layout import RoleMap
@@ -76,6 +77,7 @@ class Coordinator:
                                        timeout_s=cfg.launch.timeout_s)
         self.pool = cf.ThreadPoolExecutor(max(8, cfg.rollout.tool_workers), thread_name_prefix="libra-env")
         self.writer = RunWriter(self.out)
+        self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict())
         self.view = StepView()
         self.episodes: dict[str, object] = {}
         self.exported: dict[str, object] = {}  # migration states waiting for their new instance
@@ -170,6 +172,7 @@ class Coordinator:
         finally:
             self.writer.trace()
             self.view.close()
+            self.loggers.close()
         return self.shutdown()
 
     def task_for(self, step: int, j: int):
@@ -289,7 +292,9 @@ class Coordinator:
         self.writer.span(f"sync v{row.policy_version}", "sync", t_train + row.train_s, row.sync_s)
         self.metrics.append(d)
         self.writer.metrics(d)
-        self.view.step_line(d, self.cfg.run.steps)
+        self.loggers.log(d)
+        if "console" in self.cfg.run.loggers:
+            self.view.step_line(d, self.cfg.run.steps)
         for t in batch.payloads[: self.cfg.step.trajectories_logged_per_step]:
             text = self.tokenizer.decode(t.token_ids[t.prompt_len:], skip_special_tokens=False)
             self.writer.sample({"step": row.step, "request_id": t.request_id, "task_id": t.task_id, "reward": t.reward,

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import libra
+from test_loggers import read_scalars
 from runlog import METRIC_FIELDS, SUMMARY_FIELDS, read_metrics
 from scheduler.systems import SYSTEMS
 
@@ -59,7 +60,8 @@ def test_libra_migrates_and_moves_ranks(tmp_path):
         tmp_path, "--bench", "swe", "--system", "libra", "--steps", "3", "--rollout.max-new-tokens-per-turn", "40",
         "--buckets.max-tokens", "1500,1800", "--planner.ratio-band", "0.99,1.01", "--planner.min-gain-ratio", "0",
         "--planner.interval-steps", "1", "--planner.min-history-trajectories", "1", "--planner.settle-steps", "0",
-        "--planner.allowed-tp", "1,2")  # keep a TP2 instance in the loop: TP must work on gloo
+        "--planner.allowed-tp", "1,2",  # keep a TP2 instance in the loop: TP must work on gloo
+        "--run.loggers", "console,tensorboard")
     check_outputs(summary, metrics, 3)
     assert summary["migrations"] >= 1
     assert summary["role_map_changes"] >= 1
@@ -69,6 +71,8 @@ def test_libra_migrates_and_moves_ranks(tmp_path):
     assert any(e["name"].startswith("reconfigure") for e in trace["traceEvents"])
     sample = [json.loads(x) for x in (out / "trajectories_sample.jsonl").read_text().splitlines()]
     assert sample and all("completion" in s for s in sample)
+    scalars = read_scalars(out / "tensorboard")  # the same rows, under slash keys
+    assert [s for s, _ in scalars["timing/step_s"]] == [1, 2, 3] and "train/loss" in scalars
 
 
 def _spawn(out: Path, *args: str) -> subprocess.Popen:
