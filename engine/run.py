@@ -29,7 +29,7 @@ from scheduler.stepcore import RunState
 log = logging.getLogger("libra")
 
 
-def _valid_tp(cfg) -> tuple[int, ...]:
+def valid_tp_degrees(cfg) -> tuple[int, ...]:
     """TP degrees the planner allows and the model can split (heads, kv heads, MLP width divisible)."""
     from engine.tp import check_tp_degree
     from engine.models import load_config
@@ -46,9 +46,19 @@ def _valid_tp(cfg) -> tuple[int, ...]:
 
 
 def cost_model_for(cfg, info: DeviceInfo):
+    """The measured profile (`--planner.profile`) when given, else the analytic tables for the device."""
     from engine.models import model_arch_name
     from scheduler.costmodel import MODELS, get_cost_model
 
+    if cfg.planner.profile:
+        from scheduler.profile import load_cost_model
+
+        cost = load_cost_model(cfg.planner.profile)
+        if cost.profile.model != cfg.run.model or cost.profile.device != info.kind:
+            raise ValueError(f"--planner.profile {cfg.planner.profile} measured {cost.profile.model} on {cost.profile.device}, "
+                             f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
+                             f"`python -m bench.profile --model {cfg.run.model}`")
+        return cost
     arch = model_arch_name(cfg.run.model)
     hw = {"cpu": "cpu", "npu": "910b3"}.get(info.kind, "h100")
     return get_cost_model(hw, arch if arch in MODELS else "qwen3-4b")
@@ -67,7 +77,7 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
     from scheduler.systems import initial_role_map
 
     role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
-                                allowed_tp=_valid_tp(cfg))
+                                allowed_tp=valid_tp_degrees(cfg))
     return info, role_map
 
 
@@ -118,7 +128,7 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | Non
     if resume and resume.prefix_tree and hasattr(router, "load_tree_json"):
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
-    planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=_valid_tp(cfg))
+    planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg))
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
                            current=role_map, buckets=cfg.buckets)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,

@@ -165,6 +165,8 @@ class CostModelConfig:
 class CostModel:
     """Predicted seconds for the operations the planner trades off (see the module docstring)."""
 
+    step_overhead_s = 0.0  # the control plane's fixed cost per step (a measured profile knows it)
+
     def __init__(self, hw: Hardware, model: ModelSpec, cfg: CostModelConfig | None = None) -> None:
         self.hw, self.model, self.cfg = hw, model, cfg or CostModelConfig()
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
@@ -56,6 +57,7 @@ class PlannerConfig:
     max_seqs_per_device: int = 0  # also at most this many per device of an instance (0 = no such cap)
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
+    profile: str = ""  # measured HardwareProfile JSON (python -m bench.profile); empty = the analytic tables
 
     def __post_init__(self) -> None:
         if self.interval_steps < 1 or self.history_steps < 1:
@@ -76,6 +78,9 @@ class PlannerConfig:
                              f"and settle_steps={self.settle_steps} >= 0; e.g. 3 and 1")
         if not 0 < self.scale_ema <= 1:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
+        if self.profile and not Path(self.profile).is_file():
+            raise ValueError(f"PlannerConfig: profile {self.profile!r} does not exist; write one with "
+                             f"`python -m bench.profile --model M --out {self.profile}`")
 
 
 class GlobalPlanner:

@@ -1,0 +1,197 @@
+"""Profile this machine for the planner and the simulator: `python -m bench.profile --model tiny`.
+
+Measures, with the runtime's own code on the machine it runs on, and writes a
+`scheduler.profile.HardwareProfile` JSON (default `profiles/<model>-<device>.json`):
+  - decode / prefill: the rollout engine's `BatchRunner` (engine/rollout_runner.py) on one rank:
+    a request of C prompt tokens is prefilled (timed), its KV is copied to B rows, and decode
+    steps of the B-row batch are timed (median of `--decode-steps`), for each B and C of the grid;
+  - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (bench/trainer.py);
+  - weight sync and group rebuild: `engine.weights` transfer of the model's bytes and
+    `GroupManager.apply` of a new role map over `--ranks` gloo ranks (bench/groups.py);
+  - reconfiguration: the rebuild plus writing and loading the trainer's hand-off state (model +
+    Adam moments) through a file, as the runtime's hand-off does;
+  - step overhead: mailbox round trips over the torch TCPStore (engine/control.py), two per step on
+    the training path (Train -> Trained, Sync -> Synced), plus the coordinator's poll period.
+
+Last line: `profile: PATH`. Pass the file to a run with `--planner.profile PATH`, to the
+simulator with `SimConfig(profile=PATH)`, and to `python -m bench.fidelity --profile PATH`. On a
+loaded 2-core box every figure is noisy; run it when the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from engine.devices import DeviceInfo
+from engine.launch import spawn
+from scheduler.profile import HardwareProfile
+
+
+def _median_s(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], decode_steps: int):
+    from engine.models import load_policy
+    from engine.rollout_runner import BatchRunner
+
+    torch.set_num_threads(1)  # a rollout rank runs one thread (LaunchConfig.threads_per_rank)
+    model, tok = load_policy(model_spec, device="cpu")
+    model.eval()
+    vocab = len(tok)
+    decode, prefill = [], []
+    with torch.no_grad():
+        for c in contexts:
+            ids = torch.randint(0, vocab, (c,)).tolist()
+            runner = BatchRunner(model, device="cpu")
+            t0 = time.perf_counter()
+            runner.prefill(["r0"], [ids])
+            prefill.append((c, time.perf_counter() - t0))
+            kv, n = runner.parked["r0"]
+            for b in batches:
+                runner = BatchRunner(model, device="cpu")
+                runner.parked = {f"r{i}": ([(k.clone(), v.clone()) for k, v in kv], n) for i in range(b)}
+                runner.admit([f"r{i}" for i in range(b)])
+                runner.decode([1] * b)  # warm-up
+                decode.append((b, c, _median_s(lambda: runner.decode([1] * b), decode_steps)))
+                print(f"  decode batch {b:>3} context {c:>5}: {decode[-1][2] * 1e3:8.2f} ms/step", flush=True)
+        for n_tok in (64, 256):
+            if n_tok < min(contexts):
+                ids = torch.randint(0, vocab, (n_tok,)).tolist()
+                prefill.append((n_tok, _median_s(lambda: BatchRunner(model, device="cpu").prefill(["x"], [ids]), 3)))
+    num_params = sum(p.numel() for p in model.parameters())
+    return decode, sorted(prefill), num_params
+
+
+def _comm_rank(ctx, nbytes: int, rebuilds: int, handoff_bytes: int, out_dir: str):
+    import random
+
+    import torch.distributed as dist
+
+    from engine.control import Mailbox
+    from engine.groups import GroupManager
+    from engine.weights import WeightReceiver, WeightSender, manifest
+    from scheduler.layout import BucketsConfig, random_role_map
+
+    mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=60)
+    rng = random.Random(7)
+    rebuild_s = []
+    for v in range(1, rebuilds + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        mgr.apply(random_role_map(rng, ctx.world_size, v, BucketsConfig().buckets()))
+        rebuild_s.append(time.perf_counter() - t0)
+    mgr.destroy()
+    group = dist.new_group(list(range(ctx.world_size)))
+    state = {"w": torch.randn(max(1, nbytes // 4))}
+    sender = WeightSender(group, 0, bucket_size_mb=64, device=torch.device("cpu"))
+    receiver = WeightReceiver(group, 0, manifest(state), bucket_size_mb=64, device=torch.device("cpu"))
+    sync_s = []
+    for r in range(3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if ctx.rank == 0:
+            sender.send(state, r + 1)
+        else:
+            receiver.recv()
+        dist.barrier()
+        sync_s.append(time.perf_counter() - t0)
+    handoff_s = 0.0
+    if ctx.rank == 0:  # the hand-off: the old trainer writes model + optimizer state, the new one loads it
+        path = Path(out_dir) / "handoff.pt"
+        blob = {"state": torch.randn(max(1, handoff_bytes // 4))}
+        t0 = time.perf_counter()
+        torch.save(blob, path)
+        torch.load(path)
+        handoff_s = time.perf_counter() - t0
+    box = Mailbox(ctx.store, ctx.rank)
+    rtt = []
+    for i in range(20):  # rank 0 plays the coordinator; rank 1 answers
+        if ctx.rank == 0:
+            t0 = time.perf_counter()
+            box.send(1, ("ping", i))
+            box.recv(timeout_s=30, expect_from="rank 1")
+            rtt.append(time.perf_counter() - t0)
+        elif ctx.rank == 1:
+            box.recv(timeout_s=30, expect_from="rank 0")
+            box.send(0, ("pong", i))
+    dist.barrier()
+    return {"rebuild_s": statistics.median(rebuild_s), "sync_s": statistics.median(sync_s), "handoff_s": handoff_s,
+            "rtt_s": statistics.median(rtt) if rtt else 0.0}
+
+
+def measure_comm(num_params: int, ranks: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        return spawn(_comm_rank, ranks, (num_params * 4, 5, num_params * 12, tmp), device_info=DeviceInfo("cpu", 2),
+                     timeout_s=300)[0]
+
+
+def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> dict[int, float]:
+    from bench.trainer import measure
+
+    args = SimpleNamespace(steps=2, num_trajectories=4, seq_len=seq_len, micro_batch_tokens=1024, threads_per_rank=1,
+                           timeout_s=900.0)
+    out = {}
+    for n in range(1, max_ranks + 1):
+        out[n] = measure(model_spec, n, args)["tokens_per_s"]
+        print(f"  train {n} rank(s): {out[n]:8.1f} tokens/s", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF model dir")
+    p.add_argument("--device", default="cpu", choices=("cpu",), help="only CPU is profiled here (no GPU on these machines)")
+    p.add_argument("--out", default="", help="profile path; default profiles/<model>-<device>.json")
+    p.add_argument("--batches", default="1,4,16,32")
+    p.add_argument("--contexts", default="128,512,1024,1536")
+    p.add_argument("--decode-steps", type=int, default=5)
+    p.add_argument("--max-trainer-ranks", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=5, help="gloo ranks for the sync and rebuild (the CPU run: 4 workers + coordinator)")
+    p.add_argument("--train-seq-len", type=int, default=512)
+    p.add_argument("--poll-s", type=float, default=0.001, help="the coordinator loop's poll period")
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from engine.models import model_arch_name
+
+    t_start = time.time()
+    print(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores)", flush=True)
+    decode, prefill, num_params = measure_rollout(args.model, [int(x) for x in args.batches.split(",")],
+                                                  [int(x) for x in args.contexts.split(",")], args.decode_steps)
+    train = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
+    comm = measure_comm(num_params, args.ranks)
+    profile = HardwareProfile(
+        model=args.model, arch=model_arch_name(args.model), device=args.device, hardware=args.device,
+        decode=tuple(decode), prefill=tuple(prefill), train_tokens_per_s=train, sync_s=comm["sync_s"],
+        group_rebuild_s=comm["rebuild_s"], reconfig_s=comm["rebuild_s"] + comm["handoff_s"],
+        step_overhead_s=2 * comm["rtt_s"] + args.poll_s,
+        meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),
+              "load_1m": os.getloadavg()[0]})
+    path = Path(args.out or f"profiles/{args.model}-{args.device}.json")
+    profile.save(path)
+    print(f"{'measure':<28} value")
+    for name, value in (("sync_s", profile.sync_s), ("group_rebuild_s", profile.group_rebuild_s),
+                        ("reconfig_s", profile.reconfig_s), ("step_overhead_s", profile.step_overhead_s)):
+        print(f"{name:<28} {value:.4f}")
+    for n, tps in train.items():
+        print(f"{'train tokens/s, ' + str(n) + ' rank(s)':<28} {tps:.1f}")
+    print(f"profile: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""scheduler/profile.py: a measured profile round-trips through JSON, the profiled cost model
+returns the measured times at measured points and is monotone between them, bad profiles are
+refused with the command that writes one, and the planner's payback rule uses the measured
+reconfiguration time (a switch the remaining steps cannot pay back is refused)."""
+
+import json
+import random
+
+import pytest
+
+from scheduler.api import StepStats
+from scheduler.layout import BucketsConfig
+from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
+from scheduler.profile import HardwareProfile, ProfiledCostModel, load_cost_model
+
+DECODE = tuple((b, c, 0.002 * (1 + b / 8) * (1 + c / 1024)) for b in (1, 4, 16, 32) for c in (128, 512, 1536))
+
+
+def profile(**kw) -> HardwareProfile:
+    base = dict(model="tiny", arch="tiny", device="cpu", hardware="cpu", decode=DECODE,
+                prefill=((64, 0.01), (256, 0.03), (1024, 0.2)), train_tokens_per_s={1: 1000.0, 2: 1800.0},
+                sync_s=0.05, group_rebuild_s=0.1, reconfig_s=2.0, step_overhead_s=0.01, meta={"host": "test"})
+    return HardwareProfile(**{**base, **kw})
+
+
+def test_a_profile_round_trips_through_json(tmp_path):
+    path = profile().save(tmp_path / "p.json")
+    assert HardwareProfile.load(path) == profile()
+    assert isinstance(load_cost_model(path), ProfiledCostModel)
+
+
+def test_measured_points_come_back_exactly_and_between_them_times_are_monotone():
+    cm = ProfiledCostModel(profile())
+    for b, c, t in DECODE:
+        assert cm.decode_step_s(b, c, 1) == pytest.approx(t)
+    assert cm.prefill_s(256, 1) == pytest.approx(0.03) and cm.train_s(1800, 2) == pytest.approx(1.0)
+    by_batch = [cm.decode_step_s(b, 700, 1) for b in range(1, 33)]
+    by_ctx = [cm.decode_step_s(8, c, 1) for c in range(128, 1537, 64)]
+    assert all(a <= b for a, b in zip(by_batch, by_batch[1:])) and all(a <= b for a, b in zip(by_ctx, by_ctx[1:]))
+    assert cm.decode_step_s(64, 3000, 1) > cm.decode_step_s(32, 1536, 1)  # linear past the grid, never flat
+    assert cm.sync_s(3) == 0.05 and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(2) == 2.0 and cm.step_overhead_s == 0.01
+
+
+def test_unmeasured_trainer_sizes_follow_the_measured_scaling():
+    cm = ProfiledCostModel(profile())
+    t1, t2, t3 = (cm.train_s(10_000, n) for n in (1, 2, 3))
+    assert t1 > t2 > t3 and t2 / t3 < 1.5  # 1 -> 2 ranks scaled 1.8x, so 2 -> 3 scales sub-linearly
+    flat = ProfiledCostModel(profile(train_tokens_per_s={1: 1000.0, 2: 950.0}))  # FSDP over CPU ranks: slower
+    assert flat.train_s(10_000, 3) > flat.train_s(10_000, 1)
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("decode", (), "decode is empty"), ("sync_s", -1.0, "positive finite"), ("sync_s", float("nan"), "positive finite"),
+    ("arch", "gpt-9", "not in the cost model tables"),
+])
+def test_a_bad_profile_is_refused_with_the_command_that_writes_one(field, value, msg):
+    with pytest.raises(ValueError, match=msg + r".*python -m bench.profile"):
+        profile(**{field: value})
+
+
+def test_missing_fields_and_broken_files_name_the_problem(tmp_path):
+    d = profile().to_dict()
+    del d["sync_s"]
+    (tmp_path / "a.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="lacks the field 'sync_s'"):
+        HardwareProfile.load(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        HardwareProfile.load(tmp_path / "b.json")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HardwareProfile.load(tmp_path / "c.json")
+    with pytest.raises(ValueError, match="profile '/no/such.json' does not exist"):
+        PlannerConfig(profile="/no/such.json")
+
+
+def _heavy_training_planner(reconfig_s: float, remaining_steps: int):
+    rng = random.Random(0)
+    lens = tuple(min(1500, int(100 * rng.paretovariate(1.5))) for _ in range(64))
+    cm = ProfiledCostModel(profile(train_tokens_per_s={1: 1000.0, 2: 2000.0, 3: 3000.0}, reconfig_s=reconfig_s))
+    buckets = BucketsConfig(max_tokens=(1024, 1536))
+    cfg = PlannerConfig(interval_steps=1, min_history_trajectories=1, settle_steps=0, min_gain_ratio=0.0, check_memory=False)
+    p = GlobalPlanner(cfg, cm, 4, remaining_steps, buckets=buckets)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=1e3))
+    stats = StepStats(step=1, rollout_s=1.0, train_s=cm.train_s(200_000, len(first.role_map.trainer_ranks)),
+                      trajectory_tokens=lens, train_tokens=200_000, role_map=first.role_map)
+    return first, p.on_step_end(stats, 1.0)
+
+
+def test_the_planner_moves_ranks_only_when_the_measured_reconfiguration_pays_back():
+    first, cheap = _heavy_training_planner(reconfig_s=1.0, remaining_steps=10)
+    assert cheap is not None and len(cheap.role_map.trainer_ranks) > len(first.role_map.trainer_ranks)
+    assert cheap.reconfig_s == 1.0  # the measured cost, not the analytic one
+    gain = cheap.current_step_s - cheap.predicted_step_s
+    assert gain * 10 > cheap.reconfig_s
+    _, dear = _heavy_training_planner(reconfig_s=gain * 10 * 1.5, remaining_steps=10)
+    assert dear is None  # the same move, but 10 steps cannot win back the measured switch
+    _, late = _heavy_training_planner(reconfig_s=1.0, remaining_steps=0)
+    assert late is None
