@@ -80,6 +80,7 @@ class Coordinator:
         self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict())
         self.view = StepView()
         self.episodes: dict[str, object] = {}
+        self.env_start_s: dict[str, float] = {}  # request -> its episode's start time (the trace records it)
         self.exported: dict[str, object] = {}  # migration states waiting for their new instance
         self.replies: list = []
         self.prompt_cache: dict[str, list[int]] = {}
@@ -191,8 +192,10 @@ class Coordinator:
                 for i in range(self.cfg.step.samples_per_prompt):
                     requests.append(core.NewRequest(request_id=f"s{s}-p{j}-n{i}", group_id=f"s{s}-p{j}",
                                                     prompt_id=task.task_id, prompt_tokens=len(prompt_ids), task=task))
-            for r in requests:
+            for r in requests:  # one by one, on this loop: what the simulator charges per step (env_start_s)
+                t0 = time.monotonic()
                 self.episodes[r.request_id] = self.env.start(r.task)
+                self.env_start_s[r.request_id] = time.monotonic() - t0
             self._send_adds(self.core.admit(s, requests, self.now()))
 
     def _prompt_ids(self, task) -> list[int]:
@@ -255,7 +258,8 @@ class Coordinator:
         self.writer.trajectory({"step": step, "request_id": rid, "task_id": traj.task_id, "num_tokens": traj.num_tokens,
                                 "prompt_len": traj.prompt_len, "turns": traj.turns, "tool_outcomes": traj.tool_outcomes,
                                 "tool_latency_s": traj.tool_latency_s, "instances": traj.instances, "reward": traj.reward,
-                                "finish_reason": traj.finish_reason})
+                                "finish_reason": traj.finish_reason, "score_s": round(traj.score_s, 4),
+                                "env_start_s": round(self.env_start_s.pop(rid, 0.0), 4)})
 
     # ---- training, sync, step end ---------------------------------------------------------------------
     def maybe_train(self) -> None:

@@ -203,7 +203,9 @@ class RolloutEngine:
             elif seq.future.done():
                 fut, seq.future = seq.future, None
                 if seq.phase == "scoring":
-                    events.append(Finished(rid, self._trajectory(seq, fut.result())))
+                    traj = self._trajectory(seq, fut.result())
+                    traj.score_s = now - seq.started_s
+                    events.append(Finished(rid, traj))
                     del self.seqs[rid]
                 else:
                     self._tool_done(seq, fut, events)
@@ -336,6 +338,7 @@ class RolloutEngine:
     def _finish(self, seq: _Seq, reason: str, *, score: bool = True) -> None:
         seq.finish_reason = reason
         seq.phase = "scoring"
+        seq.started_s = time.monotonic()
         seq.future = self.pool.submit(_score_and_close, seq.req.episode, seq.final_text, score)
 
     def _trajectory(self, seq: _Seq, reward) -> Trajectory:

@@ -33,6 +33,7 @@ class Trajectory:
     finish_reason: str = ""  # "stop" | "max_turns" | "max_tokens" | "submit" | ...
     instances: list[int] = field(default_factory=list)  # rollout instances it ran on, in order (migrations)
     final_text: str = ""
+    score_s: float = 0.0  # the episode's final scoring, as the rollout rank waited for it
 
     def check(self) -> Trajectory:
         n = len(self.token_ids)

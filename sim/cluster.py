@@ -36,7 +36,7 @@ from sim.instance import SimInstance, SimRequest
 
 log = logging.getLogger(__name__)
 
-_INST, _TOOL, _TRAIN_DONE, _SYNC_DONE = 0, 1, 2, 3
+_INST, _TOOL, _TRAIN_DONE, _SYNC_DONE, _ADMIT, _SCORED = 0, 1, 2, 3, 4, 5
 
 
 class CachedCost:
@@ -48,6 +48,7 @@ class CachedCost:
 
     def __init__(self, cost, ctx_quantum: int = 64):
         self.cost, self.hw, self.model = cost, cost.hw, cost.model
+        self.step_overhead_s = cost.step_overhead_s
         self.q = ctx_quantum
         self._decode: dict[tuple[int, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
@@ -99,6 +100,7 @@ class ClusterSim:
         self.instances: dict[int, SimInstance] = {}
         self.trainer_free_at = 0.0
         self.trainer_busy = False
+        self.starting: set[int] = set()  # steps whose episodes are being started (trace replay)
         self.rows: list[dict] = []  # the core's metrics rows
         self.layouts: list[RoleMap] = []  # the layout each step ran on
         self._build_instances(role_map)
@@ -163,6 +165,11 @@ class ClusterSim:
                 self._on_tool_return(obj)
             elif kind == _TRAIN_DONE:
                 self._on_train_done(*obj)
+            elif kind == _ADMIT:
+                self._admit(*obj)
+                self._try_admit()
+            elif kind == _SCORED:
+                self._finish(obj)
             else:
                 self._on_sync_done(obj)
         assert self.core.done, f"simulation stalled after {self.core.trained}/{self.cfg.steps} steps"
@@ -170,26 +177,35 @@ class ClusterSim:
 
     # ---- rollout ------------------------------------------------------------------------
     def _try_admit(self) -> None:
-        while (j := self.core.next_admissible()) is not None:
+        while (j := self.core.next_admissible()) is not None and j not in self.starting:
             specs = self.workload.batch(j, self.cfg.prompts_per_step, self.cfg.samples_per_prompt)
-            if self.longest_first:
-                specs = sorted(specs, key=lambda s: -s.total_tokens)
-            if self.clairvoyant:
-                self.router.know(specs)
-            new = [core.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
-                                   prompt_tokens=s.prompt_tokens, task=s) for s in specs]
-            touched = set()
-            for add in self.core.admit(j, new, self.now):
-                req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now)
-                if self.admitted is not None:
-                    self.admitted.append(req)
-                req.instance_id = add.instance_id
-                inst = self.instances[add.instance_id]
-                inst.advance(self.now)
-                inst.queue.append(req)
-                touched.add(inst)
-            for inst in sorted(touched, key=lambda i: i.instance_id):
-                self._kick(inst)
+            start_s = sum(s.start_s for s in specs)  # the coordinator starts a step's episodes one by one
+            if start_s > 0:
+                self.starting.add(j)
+                self._push(self.now + start_s, _ADMIT, (j, specs))
+                return
+            self._admit(j, specs)
+
+    def _admit(self, j: int, specs: list) -> None:
+        self.starting.discard(j)
+        if self.longest_first:
+            specs = sorted(specs, key=lambda s: -s.total_tokens)
+        if self.clairvoyant:
+            self.router.know(specs)
+        new = [core.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
+                               prompt_tokens=s.prompt_tokens, task=s) for s in specs]
+        touched = set()
+        for add in self.core.admit(j, new, self.now):
+            req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now)
+            if self.admitted is not None:
+                self.admitted.append(req)
+            req.instance_id = add.instance_id
+            inst = self.instances[add.instance_id]
+            inst.advance(self.now)
+            inst.queue.append(req)
+            touched.add(inst)
+        for inst in sorted(touched, key=lambda i: i.instance_id):
+            self._kick(inst)
 
     def _on_instance(self, inst: SimInstance) -> None:
         inst.advance(self.now)
@@ -203,7 +219,10 @@ class ClusterSim:
     def _end_turn(self, req: SimRequest) -> None:
         spec = req.spec
         if req.turn == len(spec.turn_tokens) - 1:
-            self._finish(req)
+            if spec.score_s > 0:  # the final scoring runs on the rank's thread pool, beside decoding
+                self._push(self.now + spec.score_s, _SCORED, req)
+            else:
+                self._finish(req)
             return
         self._push(self.now + spec.tool_latency_s[req.turn], _TOOL, req)
 
@@ -247,7 +266,8 @@ class ClusterSim:
         if batch is None:
             return
         tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
-        dur = self.cost.train_s(tokens, len(self.role_map.trainer_ranks))
+        # the real trainer skips a step in which no group's rewards differ: its gradient is zero
+        dur = self.cost.train_s(tokens, len(self.role_map.trainer_ranks)) if has_signal(batch.payloads) else 0.0
         self.trainer_busy = True
         self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens))
 
@@ -257,7 +277,8 @@ class ClusterSim:
         for inst in self.instances.values():
             inst.stall(self.now, sync)
             self._kick(inst)
-        self._push(self.now + sync, _SYNC_DONE, sync)
+        # the control plane's per-step cost (Train/Trained, Sync/Synced round trips) delays the step's end
+        self._push(self.now + sync + self.cost.step_overhead_s, _SYNC_DONE, sync)
 
     def _on_sync_done(self, sync: float) -> None:
         self.trainer_busy = False
@@ -294,6 +315,16 @@ class ClusterSim:
             self.instances[req.instance_id].queue.append(req)
         for inst in self.instances.values():
             self._kick(inst)
+
+
+def has_signal(requests) -> bool:
+    """False when every trajectory's reward is known and no group (step, prompt) has two different rewards."""
+    groups: dict[tuple, set] = {}
+    for r in requests:
+        if r.spec.reward is None:
+            return True
+        groups.setdefault((r.batch, r.spec.prompt_id), set()).add(r.spec.reward)
+    return any(len(rewards) > 1 for rewards in groups.values())
 
 
 def kv_capacity_tokens(cost, tp: int, mem_frac: float = 0.9) -> float:

@@ -34,6 +34,7 @@ class SimConfig:
     seed: int = 0  # seeds the workload; the same seed gives every system the same trajectories
     workload_overrides: tuple[tuple[str, float], ...] = ()  # (field, value) applied to the profile
     trace_dir: str | None = None  # replay trajectories.jsonl from this run dir instead of sampling
+    profile: str | None = None  # a measured HardwareProfile (python -m bench.profile) instead of hardware/model
     staleness_penalty: float = 0.1  # reward model: fraction of a step lost per step of staleness
     reward_target: float | None = None  # reward to reach for time-to-target; None = the model's 90% point
 

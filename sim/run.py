@@ -33,6 +33,7 @@ from scheduler.costmodel import get_cost_model
 from scheduler.layout import BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
 from scheduler.prefix_tree import PrefixTreeConfig
+from scheduler.profile import load_cost_model
 from scheduler.routers import RouterConfig
 from scheduler.systems import SYSTEMS
 from sim.cluster import ClusterSim
@@ -76,9 +77,24 @@ def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
     return get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens
 
 
-def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False) -> SystemParts:
+@dataclass(frozen=True)
+class RealSetup:
+    """A real run's own settings, so a replay plays the run as configured (bench/fidelity.py)."""
+
+    role_map: RoleMap  # the run's first layout
+    buckets: BucketsConfig
+    router: RouterConfig
+    planner: PlannerConfig
+
+
+def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False, real: RealSetup | None = None) -> SystemParts:
     """The system's router, planner and first layout; `clairvoyant` swaps in the oracle's router."""
     spec = sysmod.get_system(system)
+    if real is not None:
+        planner = sysmod.make_planner(system, real.role_map.world_size, cost, cfg.steps, cfg=real.planner,
+                                      current=real.role_map, buckets=real.buckets)
+        return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
+                           is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False)
     limits = _bucket_limits(cfg)
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
     # would dominate the host time, so the simulator rebuilds about once per step.
@@ -101,8 +117,9 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
 ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate")
 
 
-def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None):
-    parts = build_system(system, cfg, cost, clairvoyant=clairvoyant)
+def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None,
+          real: RealSetup | None = None):
+    parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
     if fixed is not None:
         parts = SystemParts(router=parts.router, planner=None, role_map=fixed, is_async=not fixed.colocated,
                             colocated=fixed.colocated, oracle=clairvoyant)
@@ -139,15 +156,21 @@ def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None]]:
     return out
 
 
-def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=()) -> tuple[dict, list[dict], list, list]:
+def cost_model_of(cfg: SimConfig):
+    """The measured profile's cost model when the config names one, else the analytic tables."""
+    return load_cost_model(cfg.profile) if cfg.profile else get_cost_model(cfg.hardware, cfg.model)
+
+
+def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=(),
+                real: RealSetup | None = None) -> tuple[dict, list[dict], list, list]:
     """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system."""
     t0 = time.perf_counter()
-    cost = get_cost_model(cfg.hardware, cfg.model)
+    cost = cost_model_of(cfg)
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
     best = None
     for base, fixed in _candidates(system, oracle_layouts):
-        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed)
+        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed, real=real)
         if best is None or sim.rows[-1]["time_s"] < best[2].rows[-1]["time_s"]:
             best = (layouts, parts, sim, base if fixed is None else "fixed " + fixed.describe())
     layouts, parts, sim, source = best
@@ -236,20 +259,28 @@ def run_from_libra_config(cfg, out_dir: Path) -> int:
 
 
 def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu", model: str = "tiny",
-           max_staleness: int = 1, max_seqs_per_device: int = 32) -> dict:
-    """Predicted vs measured step times of a recorded run (see the module docstring)."""
+           max_staleness: int = 1, max_seqs_per_device: int = 32, profile: str | None = None,
+           real: RealSetup | None = None, **sim_kw) -> dict:
+    """Predicted vs measured step times of a recorded run (see the module docstring).
+
+    `profile`: a measured HardwareProfile instead of the (hardware, model) tables; `real`: the run's
+    own first layout, buckets, router and planner settings (bench/fidelity.py reads them from its
+    config.json), so the simulator plays the run as it was configured; `sim_kw`: other SimConfig
+    fields (prompts_per_step, samples_per_prompt, ...)."""
     run_dir = Path(run_dir)
     measured = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     wl = TraceWorkload.load(run_dir)
     steps = min(wl.num_steps, len(measured))
     cfg = SimConfig(bench=wl.name, hardware=hardware, model=model, num_devices=num_devices, steps=steps,
-                    max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir))
-    summary, metrics, _, _ = play_system(cfg, system)
+                    max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir),
+                    profile=profile, **sim_kw)
+    summary, metrics, _, _ = play_system(cfg, system, real=real)
     pairs = [(m["step_s"], p["step_s"]) for m, p in zip(measured[:steps], metrics)]
     errors = [abs(p - m) / m for m, p in pairs if m > 0]
     return {
-        "system": system, "hardware": hardware, "model": model, "steps": steps,
+        "system": system, "hardware": hardware, "model": model, "steps": steps, "profile": profile,
         "measured_step_s": [m for m, _ in pairs], "predicted_step_s": [p for _, p in pairs],
+        "measured": measured[:steps], "predicted": metrics,
         "mape": sum(errors) / len(errors) if errors else 0.0,
         "measured_total_s": sum(m for m, _ in pairs), "predicted_total_s": summary["wall_s"],
     }

@@ -3,7 +3,9 @@
 Trace format (a run dir): `metrics.jsonl` (DESIGN.md fields, one row per step) and
 `trajectories.jsonl`, one JSON object per finished trajectory:
 `{"step", "request_id", "task_id", "num_tokens", "prompt_len", "turns": [[start, end], ...],
-"tool_outcomes": [[tool, size, status], ...], "tool_latency_s": [...], "instances": [...]}`.
+"tool_outcomes": [[tool, size, status], ...], "tool_latency_s": [...], "instances": [...]}`, and
+optionally `"env_start_s"` (episode start), `"score_s"` (final scoring) and `"reward"`, which the
+simulator charges and uses to skip a no-signal trainer step as the real trainer does.
 `turns` are [start, end) token positions of the model turns; the gap between one turn's end and
 the next one's start is the tool output (with its chat template) that was prefilled.
 
@@ -33,6 +35,7 @@ def spec_to_record(spec: TrajSpec, step: int, instances: list[int]) -> dict:
         "step": step, "request_id": spec.request_id, "task_id": spec.prompt_id, "num_tokens": spec.total_tokens,
         "prompt_len": spec.prompt_tokens, "turns": turns, "tool_outcomes": [list(o) for o in spec.tool_outcomes],
         "tool_latency_s": list(spec.tool_latency_s), "instances": list(instances),
+        "env_start_s": spec.start_s, "score_s": spec.score_s, "reward": spec.reward,
     }
 
 
@@ -44,6 +47,8 @@ def record_to_spec(rec: dict, where: str = "") -> TrajSpec:
         latencies = tuple(float(x) for x in rec["tool_latency_s"])
         num_tokens = int(rec["num_tokens"])
         rid, tid = str(rec["request_id"]), str(rec["task_id"])
+        start_s, score_s = float(rec.get("env_start_s", 0.0)), float(rec.get("score_s", 0.0))
+        reward = None if rec.get("reward") is None else float(rec["reward"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"trace record {where}: {e!r}; each record needs the fields listed in sim/trace.py") from e
     if not turns or any(b <= a for a, b in turns) or turns[0][0] < prompt:
@@ -56,7 +61,7 @@ def record_to_spec(rec: dict, where: str = "") -> TrajSpec:
         )
     spec = TrajSpec(request_id=rid, prompt_id=tid, prompt_tokens=prompt, turn_tokens=tuple(b - a for a, b in turns),
                     tool_outcomes=outcomes[: len(gaps)], tool_output_tokens=tuple(gaps),
-                    tool_latency_s=latencies[: len(gaps)])
+                    tool_latency_s=latencies[: len(gaps)], start_s=start_s, score_s=score_s, reward=reward)
     if spec.total_tokens > num_tokens:
         raise ValueError(f"trace record {where}: turns end at {spec.total_tokens} tokens past num_tokens={num_tokens}")
     return spec

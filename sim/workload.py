@@ -128,6 +128,10 @@ class TrajSpec:
     tool_outcomes: tuple[OutcomeState, ...]  # one per tool call (= len(turn_tokens) - 1)
     tool_output_tokens: tuple[int, ...]
     tool_latency_s: tuple[float, ...]
+    # measured in real runs (trace replay); synthetic workloads leave them at 0 / None
+    start_s: float = 0.0  # the env's episode start (the coordinator starts a step's episodes one by one)
+    score_s: float = 0.0  # the final scoring after the last turn (on the rollout rank's thread pool)
+    reward: float | None = None  # None: unknown, the trainer counts the trajectory as carrying signal
 
     @property
     def decode_tokens(self) -> int:

@@ -1,6 +1,7 @@
 """The event loop with hand-written fakes: exact timings, migrations' re-prefill, bucket-limit
 checks, staleness bound, conservation, determinism (rows are the step core's metrics rows)."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ from sim.workload import TrajSpec
 class FakeCost:
     """Constant decode step, prefill linear in tokens, fixed train/sync/reconfig."""
 
+    step_overhead_s = 0.0
     hw = SimpleNamespace(mem_bytes=1e12)
     model = SimpleNamespace(weight_bytes=1.0, kv_bytes_per_token=1.0)
 
@@ -39,12 +41,7 @@ class FakeWorkload:
         self.specs_per_step = specs_per_step
 
     def batch(self, step, num_prompts, samples_per_prompt):
-        return [
-            TrajSpec(request_id=f"s{step}-{s.request_id}", prompt_id=s.prompt_id, prompt_tokens=s.prompt_tokens,
-                     turn_tokens=s.turn_tokens, tool_outcomes=s.tool_outcomes, tool_output_tokens=s.tool_output_tokens,
-                     tool_latency_s=s.tool_latency_s)
-            for s in self.specs_per_step
-        ]
+        return [dataclasses.replace(s, request_id=f"s{step}-{s.request_id}") for s in self.specs_per_step]
 
 
 class FakeRouter:
@@ -104,6 +101,34 @@ def test_one_trajectory_exact_timeline():
     assert rows[0]["tokens"] == 135 and rows[0]["trajectories"] == 1
     assert sim.admitted[0].decode_done == 30
     assert sim.num_migrations == 0
+
+
+def test_measured_episode_start_and_scoring_are_charged_like_the_runtime_pays_them():
+    # the coordinator starts the step's two episodes one after the other (0.3 + 0.2) before any
+    # request is sent; each final scoring (0.4) runs after the last turn, beside decoding
+    specs = [dataclasses.replace(_spec(rid=r), start_s=s, score_s=0.4) for r, s in (("a", 0.3), ("b", 0.2))]
+    cfg = SimConfig(num_devices=3, steps=1, prompts_per_step=1, samples_per_prompt=2)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
+                        buckets=(Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None)))
+    plain = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec(rid="a"), _spec(rid="b")]),
+                       router=FakeRouter(), planner=None, role_map=rm, is_async=True, ctx_quantum=1).run()
+    timed = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=FakeRouter(), planner=None,
+                       role_map=rm, is_async=True, ctx_quantum=1).run()
+    assert timed[0]["time_s"] == pytest.approx(plain[0]["time_s"] + 0.5 + 0.4)
+
+
+def test_a_step_whose_groups_all_share_one_reward_trains_nothing_as_the_real_trainer_skips_it():
+    def run(rewards):
+        specs = [dataclasses.replace(_spec(rid=str(i)), reward=r) for i, r in enumerate(rewards)]
+        cfg = SimConfig(num_devices=3, steps=1, prompts_per_step=1, samples_per_prompt=2)
+        rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
+                            buckets=(Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None)))
+        return ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=FakeRouter(), planner=None,
+                          role_map=rm, is_async=True, ctx_quantum=1).run()[0]["train_s"]
+
+    assert run([0.0, 0.0]) == 0.0  # one group, no reward difference: zero gradient
+    assert run([0.0, 1.0]) == 2.0
+    assert run([None, None]) == 2.0  # unknown rewards (synthetic workloads) always train
 
 
 def test_migration_reprefills_the_whole_context_on_the_target():
