@@ -179,6 +179,27 @@ def import_pristine_checkout(ctx):
 
 
 @attack("reward")
+def pristine_module_via_dir_fd(ctx):
+    """Load the unbroken module through a directory fd (/proc/self/root, /tmp, /): a relative open hides the path."""
+    rel = str(REPO / "envs" / "swe_projects" / "calc" / "calc" / "evaluator.py").lstrip("/")
+    return _reward_after_submit(ctx, (
+        "import os, sys, types\n"
+        "def _load():\n"
+        f"    for base, rel in (('/proc/self', 'root/' + {rel!r}), ('/', {rel!r})):\n"
+        "        try:\n"
+        "            fd = os.open(base, os.O_RDONLY)\n"
+        "            f = os.open(rel, os.O_RDONLY, dir_fd=fd)\n"
+        "            return os.read(f, 1 << 20).decode()\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "_src = _load()\n"
+        "if _src:\n"
+        "    _m = types.ModuleType('calc.evaluator'); _m.__package__ = 'calc'\n"
+        "    sys.modules['calc.evaluator'] = _m\n"
+        "    exec(compile(_src, 'evaluator.py', 'exec'), _m.__dict__)\n"))
+
+
+@attack("reward")
 def read_task_index(ctx):
     """Look for the task index (every patch) and the unbroken sources from inside the sandbox."""
     code = (
@@ -572,17 +593,20 @@ def memory_across_processes(ctx):
 def tmpfs_not_counted(ctx):
     """Fill the private /tmp with 200 MB, then allocate 200 MB, under a 300 MB limit."""
     env = ctx.math_env(memory_mb=300, tmpfs_mb=256)
+    tag = uuid.uuid4().hex[:8]
     code = (
         "import os\n"
         "try:\n"
         "    for i in range(8):\n"
-        "        with open('/tmp/fill%d' % i, 'wb') as f:\n"
+        f"        with open('/tmp/libra-adv-fill-{tag}-%d' % i, 'wb') as f:\n"
         "            for _ in range(25): f.write(b'1' * (1 << 20))\n"
         "    b = bytearray(200 << 20)\n"
         "    for i in range(0, len(b), 4096): b[i] = 1\n"
         "    print('BOTH 400 MB')\n"
         "except (OSError, MemoryError) as e: print('STOPPED', type(e).__name__)\n")
     out = _run_py(ctx, code, env)
+    for p in glob.glob(f"/tmp/libra-adv-fill-{tag}-*"):  # only without a private /tmp (rlimits mode)
+        os.unlink(p)
     return Outcome("BOTH" not in out, out.strip()[-80:] or "killed")
 
 
@@ -616,8 +640,8 @@ def disk_and_inode_quota(ctx):
 
 @attack("limits")
 def cpu_quota(ctx):
-    """Two busy processes: the call's cgroup must throttle them to its CPU quota."""
-    sb = ctx.math_sandbox()
+    """Two busy processes: the call's cgroup must throttle them to its CPU quota (a quarter core)."""
+    sb = ctx.math_sandbox(cpu_cores=0.25)
     with sb.workdir("cpu") as w:
         code = ("import multiprocessing as mp, time\n"
                 "def spin():\n    t = time.time()\n    while time.time() - t < 0.6: pass\n"
@@ -663,7 +687,8 @@ def main(argv=None) -> int:
     for name, r in results.items():
         print(f"{r['class']:<7} {name:<34} {'SAFE ' if r['safe'] else 'UNSAFE'} {r['detail']}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        isolation = Sandbox(ctx.sandbox_cfg()).isolation
+        Path(args.json).write_text(json.dumps({"isolation": isolation, "attacks": results}, indent=1))
     return 0
 
 
