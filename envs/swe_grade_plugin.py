@@ -1,7 +1,7 @@
 """pytest plugin of swe grading (copied into the grading dir as `libra_grade.py`; imports only the stdlib).
 
-Loaded with `-p libra_grade`, so it is imported before any test module and therefore before
-the graded package runs a line. At import it takes the result fd and reads the per-run key
+Loaded with `-p libra_grade`, so it is configured before any test module is collected and
+therefore before the graded package runs a line. In `pytest_configure` it takes the result fd and reads the per-run key
 from a pipe whose write end the host already closed (so the key is on no fd once the package
 runs), then signs one record per test phase: `HMAC(key, "nodeid\\twhen:outcome")`. The host
 (envs/swe_grade.py) keeps only records whose tag verifies: text the package writes to any fd,
@@ -34,8 +34,7 @@ def _make_emit():
     return emit
 
 
-_emit = _make_emit()
-del _make_emit
+_emit = None
 
 _DENIED = frozenset(("os.symlink", "os.link", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                      "subprocess.Popen", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "socket.connect",
@@ -77,8 +76,12 @@ def _guard():
     sys.addaudithook(hook)
 
 
-_guard()
-del _guard
+def pytest_configure(config):
+    # here, not at import: importing this module (as the no-torch test does) must change nothing;
+    # pytest configures `-p` plugins before it collects, i.e. before the graded package is imported
+    global _emit
+    _emit = _make_emit()
+    _guard()
 
 
 def pytest_runtest_logreport(report):
