@@ -28,6 +28,7 @@ from pathlib import Path
 
 from engine.rollout_types import RolloutConfig
 from engine.trainer_config import TrainerConfig
+from envs.config import EnvConfig
 from loggers import check_loggers
 from envs.registry import BENCHES
 from scheduler.layout import BucketsConfig
@@ -135,6 +136,7 @@ class LibraConfig:
     buckets: BucketsConfig = field(default_factory=BucketsConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # sandbox of every bench's tools (--env.isolation ...)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

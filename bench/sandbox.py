@@ -7,7 +7,10 @@ medians for `true` (the fixed cost of the isolation: namespaces, mounts, rlimits
     python -m bench.sandbox [--num-calls 100] [--run-tests-calls 4]
 
 Also: swe `run_tests` throughput with 1, 4 and 16 concurrent trajectories (real pytest runs in
-the sandbox), to show how far the 2 cores stretch.
+the sandbox), to show how far the 2 cores stretch; and the cost of one swe grading, the signed
+records of envs/swe_grade.py against the pre-issue-16 grading (pytest's exit code and summary in
+a copy of the package; `_old_grade`, kept here only as the baseline), alternated in one run:
+`grading_new_vs_old: R` (issue 16 asks for R <= 2).
 """
 
 from __future__ import annotations
@@ -69,10 +72,53 @@ def run_tests_throughput(concurrency: int, calls_each: int) -> float:
     return rate
 
 
+def _old_grade(sb: Sandbox, workdir, package: str, repo) -> float:
+    """The grading before issue 16: copy package + pristine tests, trust pytest's exit code and summary."""
+    import shutil
+
+    from envs import swe_mutate as mut
+    from envs.swe_tools import count_results
+
+    with sb.workdir("swe-score") as score_dir:
+        shutil.copytree(repo, score_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", package, "tests"))
+        shutil.copytree(workdir / package, score_dir / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(repo / "tests", score_dir / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+        sb.own(score_dir)
+        res = sb.run(mut.pytest_argv(), cwd=score_dir, timeout_s=30.0, env=mut.PYTEST_ENV)
+    counts = count_results(res.output)
+    return 1.0 if res.status == "success" and counts.get("passed", 0) > 0 and len(counts) == 1 else 0.0
+
+
+def grading_cost(num_calls: int) -> dict[str, list[float]]:
+    """Seconds per grading of one fixed calc episode, old and new alternated."""
+    from envs import swe_grade, swe_mutate as mut
+    from envs.base import ToolCall
+    from envs.swe import SweEnv
+
+    env = SweEnv(seed=0)
+    task = next(t for t in env.tasks() if t.meta["project"] == "calc")
+    ep = env.start(task)
+    ep.execute(ToolCall("replace", {"path": task.meta["file"], "old": task.answer["patch_old"], "new": task.answer["patch_new"]}))
+    repo = mut.PROJECTS_DIR / "calc"
+    out: dict[str, list[float]] = {"old": [], "new": []}
+    for _ in range(num_calls):
+        t0 = time.perf_counter()
+        assert _old_grade(env.sandbox, ep.workdir, "calc", repo) == 1.0
+        out["old"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        g = swe_grade.grade(env.sandbox, ep.workdir, "calc", repo, repo / "tests")
+        assert g.reward == 1.0, g
+        out["new"].append(time.perf_counter() - t0)
+    ep.close()
+    env.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-calls", type=int, default=100)
     ap.add_argument("--run-tests-calls", type=int, default=4, help="run_tests calls per trajectory (0 skips it)")
+    ap.add_argument("--grading-calls", type=int, default=10, help="swe gradings each way (0 skips it)")
     args = ap.parse_args()
     if args.run_tests_calls:
         print(f"{'concurrent trajectories':<24}{'run_tests/s':>12}")
@@ -87,6 +133,12 @@ def main() -> None:
         ratio = statistics.median(modes["sandbox"]) / statistics.median(modes["bare"])
         print(f"{label:<16}{'ratio':<9}{ratio:>10.2f}")
     ratio = statistics.median(res["true"]["sandbox"]) / statistics.median(res["true"]["bare"])
+    if args.grading_calls:
+        g = grading_cost(args.grading_calls)
+        print(f"{'swe grading':<16}{'mode':<9}{'median ms':>10}{'p90 ms':>9}")
+        for mode, xs in g.items():
+            print(f"{'swe grading':<16}{mode:<9}{1e3 * statistics.median(xs):>10.1f}{1e3 * _quantile(xs, 0.9):>9.1f}")
+        print(f"grading_new_vs_old: {statistics.median(g['new']) / statistics.median(g['old']):.2f}")
     print(f"sandbox_vs_bare: {ratio:.2f}")
 
 

@@ -5,7 +5,8 @@ Algorithm, one `step()`:
      sequences keep their KV and continue, tokens record the version that sampled them).
   2. Collect finished tool calls without blocking: record outcomes (`ToolReturned`), append
      the tool-response template tokens (mask 0) and queue the sequence to re-join; a result
-     with `done` (or a `ToolInfraError`) ends it. Collect finished scorings (`Finished`).
+     with `done` (or a `ToolInfraError`) ends it. Collect finished scorings (`Finished`); a
+     scoring that raised `ToolInfraError` finishes unscored as "tool_infra" (step() never raises).
   3. Join: prefill only the not-yet-cached tokens of the queued sequences (one padded batch on
      their parked KV), sample their next tokens, admit them into the batched cache (up to
      `max_batch`).
@@ -203,12 +204,23 @@ class RolloutEngine:
             elif seq.future.done():
                 fut, seq.future = seq.future, None
                 if seq.phase == "scoring":
-                    traj = self._trajectory(seq, fut.result())
+                    traj = self._trajectory(seq, self._reward(seq, fut))
                     traj.score_s = now - seq.started_s
                     events.append(Finished(rid, traj))
                     del self.seqs[rid]
                 else:
                     self._tool_done(seq, fut, events)
+
+    def _reward(self, seq: _Seq, fut: cf.Future):
+        """The scoring's reward; None (dropped as "tool_infra", never scored 0) when the env's infrastructure failed."""
+        from envs.base import ToolInfraError
+
+        try:
+            return fut.result()
+        except ToolInfraError as e:
+            log.warning("[libra rollout:%d] %s: scoring infrastructure failed: %s", self.instance_id, seq.req.request_id, e)
+            seq.finish_reason = "tool_infra"
+            return None
 
     def _tool_timeout(self, seq: _Seq, events: list) -> None:
         from envs.base import ToolResult

@@ -118,7 +118,7 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | Non
     from scheduler.systems import get_system, make_planner, make_router
 
     env = make_env(cfg.run.bench, seed=cfg.run.seed, num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
-                   level=None if cfg.run.level < 0 else cfg.run.level)
+                   level=None if cfg.run.level < 0 else cfg.run.level, env_cfg=cfg.env)
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")

@@ -20,14 +20,21 @@ or wrong-typed arguments, oversized strings), `dispatch` (parse error / validati
 ToolResult), `tool_schema` (concise schema builder), `system_prompt`, and `run_scripted` (drives
 an env with scripted assistant messages for tests and workload profiles).
 
-Invariants (tests/test_envs_*.py): every malformed call yields a failure ToolResult, never an
-exception; `ToolResult.outcome()` is a pure function of (tool, size, status, thresholds); text
-without `<tool_call>` parses to [].
+Model-caused faults never raise: `parse_tool_calls` turns huge integers, deep nesting and lone
+surrogates into `ToolCallError`s; `validate_call` refuses arguments that are not valid Unicode;
+`dispatch` turns any other exception a handler raises (except `ToolInfraError`) into a failure
+result and counts it in the env's `faults` counter by "tool:ExceptionType".
+
+Invariants (tests/test_envs_base.py, tests/test_adversarial.py): every malformed call yields a
+failure ToolResult, never an exception; `ToolResult.outcome()` is a pure function of (tool,
+size, status, thresholds); text without `<tool_call>` parses to [].
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -36,9 +43,15 @@ from typing import Any, Protocol
 
 from scheduler.api import OutcomeState
 
+logger = logging.getLogger(__name__)
+
 
 class ToolInfraError(RuntimeError):
     """The tool infrastructure failed (not the model's call): drop the trajectory, count why."""
+
+
+class ToolRefused(ValueError):
+    """A handler refuses the model's call (a bad path, text not found); the message, shown as is, says why."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,24 +155,54 @@ def _preview(text: str) -> str:
     return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
 
 
-def _parse_one(raw: str) -> ToolCall | ToolCallError:
+def _bad_unicode(value: Any, depth: int = 0) -> str | None:
+    """The first string in `value` that is not valid Unicode (a lone surrogate such as "\\ud800")."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value
+        return None
+    if depth > 64:  # json.loads already refused deeper nesting than the recursion limit
+        return None
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        for v in item if isinstance(value, dict) else (item,):
+            bad = _bad_unicode(v, depth + 1)
+            if bad is not None:
+                return bad
+    return None
+
+
+def _loads(raw: str) -> tuple[Any, str | None]:
+    """(object, None) or (None, why): JSON the model wrote, never an exception."""
     try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = f"tool call is not valid JSON ({e.__class__.__name__}: {e}); expected {CALL_FORMAT_HINT}"
-        return ToolCallError(message=msg, raw=raw)
+        return json.loads(raw), None
+    except (ValueError, RecursionError) as e:  # ValueError: bad JSON, or an int of more than 4300 digits
+        return None, f"{e.__class__.__name__}: {str(e)[:160]}"
+
+
+def _parse_one(raw: str) -> ToolCall | ToolCallError:
+    obj, why = _loads(raw)
+    if why is not None:
+        return ToolCallError(message=f"tool call is not valid JSON ({why}); expected {CALL_FORMAT_HINT}", raw=raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ToolCallError(message=f"tool call needs a JSON object with a string 'name'; expected {CALL_FORMAT_HINT}", raw=raw)
     args = obj.get("arguments", {})
     if isinstance(args, str):
         # Some chat templates serialise arguments as a JSON string; accept that spelling too.
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            pass
+        parsed, why = _loads(args) if args.strip() else ({}, None)
+        if why is None:
+            args = parsed
     if not isinstance(args, dict):
-        return ToolCallError(message=f"'arguments' of tool '{obj['name']}' must be a JSON object, got {type(args).__name__}", raw=raw)
+        return ToolCallError(message=f"'arguments' of tool '{_preview(_safe(obj['name']))}' must be a JSON object, got {type(args).__name__}", raw=raw)
+    if _bad_unicode(obj["name"]) is not None or _bad_unicode(args) is not None:
+        return ToolCallError(message="tool call holds a lone surrogate escape (e.g. \\ud800), which is not valid Unicode; write plain text", raw=raw)
     return ToolCall(name=obj["name"], arguments=args, raw=raw)
+
+
+def _safe(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
@@ -201,7 +244,10 @@ def validate_call(call: ToolCall, tools: tuple[dict, ...] | list[dict], *, max_a
     by_name = {t["function"]["name"]: t["function"] for t in tools}
     fn = by_name.get(call.name)
     if fn is None:
-        return f"unknown tool {_preview(call.name)!r}; available tools: {', '.join(sorted(by_name)) or '(none)'}"
+        return f"unknown tool {_preview(_safe(call.name))!r}; available tools: {', '.join(sorted(by_name)) or '(none)'}"
+    bad = _bad_unicode(call.arguments)
+    if bad is not None:
+        return f"tool {call.name!r} got text with a lone surrogate ({_preview(ascii(bad))}), which is not valid Unicode; write plain text"
     params = fn.get("parameters", {})
     props: dict = params.get("properties", {})
     missing = [a for a in params.get("required", []) if a not in call.arguments]
@@ -209,13 +255,13 @@ def validate_call(call: ToolCall, tools: tuple[dict, ...] | list[dict], *, max_a
         return f"tool {call.name!r} is missing required argument(s) {missing}; it takes {sorted(props)}"
     extra = [a for a in call.arguments if a not in props]
     if extra and not params.get("additionalProperties", False):
-        return f"tool {call.name!r} got unknown argument(s) {[_preview(str(a)) for a in extra]}; it takes {sorted(props)}"
+        return f"tool {call.name!r} got unknown argument(s) {[_preview(_safe(str(a))) for a in extra]}; it takes {sorted(props)}"
     for arg, value in call.arguments.items():
         spec = props.get(arg, {})
         if not _type_ok(value, spec.get("type", "")):
             return f"argument {arg!r} of tool {call.name!r} must be {spec['type']}, got {type(value).__name__}"
         if "enum" in spec and value not in spec["enum"]:
-            return f"argument {arg!r} of tool {call.name!r} must be one of {spec['enum']}, got {_preview(str(value))!r}"
+            return f"argument {arg!r} of tool {call.name!r} must be one of {spec['enum']}, got {_preview(_safe(str(value)))!r}"
         if isinstance(value, str) and len(value.encode("utf-8", "replace")) > max_arg_bytes:
             return f"argument {arg!r} of tool {call.name!r} is {len(value.encode('utf-8', 'replace'))} bytes; the limit is {max_arg_bytes}"
     return None
@@ -225,11 +271,15 @@ def failure(tool: str, message: str, *, latency_s: float = 0.0) -> ToolResult:
     return ToolResult(tool=tool, text=f"Error: {message}", status="failure", latency_s=latency_s)
 
 
-def dispatch(call: ToolCall | ToolCallError, tools: tuple[dict, ...], handlers: dict[str, Callable[..., ToolResult]], *, max_arg_bytes: int = 65536) -> ToolResult:
+def dispatch(call: ToolCall | ToolCallError, tools: tuple[dict, ...], handlers: dict[str, Callable[..., ToolResult]], *,
+             max_arg_bytes: int = 65536, faults: collections.Counter | None = None) -> ToolResult:
     """Validate `call` against `tools` and run its handler; every model mistake becomes a failure result.
 
     Handlers take the call's arguments as keywords and return a ToolResult (latency is filled in
     here when the handler leaves it 0). `ToolInfraError` propagates: it is not the model's fault.
+    Any other exception of a handler was caused by what the model wrote (a handler checks its
+    own infrastructure and raises ToolInfraError): it becomes a failure result, is logged, and
+    is counted in `faults` as "tool:ExceptionType".
     """
     if isinstance(call, ToolCallError):
         return failure("<parse>", call.message)
@@ -237,7 +287,19 @@ def dispatch(call: ToolCall | ToolCallError, tools: tuple[dict, ...], handlers: 
     if problem is not None:
         return failure(call.name if call.name in handlers else "<unknown>", problem)
     t0 = time.monotonic()
-    result = handlers[call.name](**call.arguments)
+    try:
+        result = handlers[call.name](**call.arguments)
+    except ToolInfraError:
+        raise
+    except ToolRefused as e:
+        return failure(call.name, str(e), latency_s=time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001 - counted and shown to the model; it must not end the rank
+        key = f"{call.name}:{type(e).__name__}"
+        if faults is not None:
+            faults[key] += 1
+        logger.warning("tool %s raised on the model's call (%s): %s", call.name, key, str(e)[:200])
+        return failure(call.name, f"the tool could not do this ({type(e).__name__}: {_safe(str(e))[:300]})",
+                       latency_s=time.monotonic() - t0)
     if result.latency_s == 0.0:
         result = replace(result, latency_s=time.monotonic() - t0)
     return result

@@ -20,6 +20,7 @@ Invariants (tests/test_envs_math.py): same seed -> byte-identical tasks; the ora
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import sys
@@ -28,7 +29,9 @@ from fractions import Fraction
 from math import comb
 
 from envs.base import Episode, Task, ToolCall, ToolCallError, ToolResult, dispatch, system_prompt, tool_schema
+from envs.config import EnvConfig
 from envs.datasets import load_verl_tasks
+from envs.hostfs import write_file
 from envs.sandbox import Sandbox, SandboxConfig
 
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivan", "Jia", "Kofi", "Lena")
@@ -141,7 +144,8 @@ class MathEpisode:
         self.workdir = env.sandbox.make_workdir("math")
 
     def _python(self, code: str) -> ToolResult:
-        (self.workdir / "main.py").write_text(code, encoding="utf-8")
+        # a fresh file each call (write + rename): a link the last call planted is replaced, not followed
+        write_file(self.workdir, "main.py", code.encode("utf-8"), self.env.sandbox.owner)
         r = self.env.sandbox.run([sys.executable, "main.py"], cwd=self.workdir)
         text = r.output + ("\n[output truncated]" if r.truncated else "")
         if r.status == "timeout":
@@ -149,7 +153,8 @@ class MathEpisode:
         return ToolResult(tool="python", text=text or "(no output)", status=r.status, latency_s=r.latency_s)
 
     def execute(self, call: ToolCall | ToolCallError) -> ToolResult:
-        return dispatch(call, self.task.tools, {"python": self._python}, max_arg_bytes=self.env.cfg.max_code_bytes)
+        return dispatch(call, self.task.tools, {"python": self._python}, max_arg_bytes=self.env.cfg.max_code_bytes,
+                        faults=self.env.faults)
 
     def score(self, final_text: str) -> float:
         pred = last_boxed(final_text)
@@ -167,13 +172,16 @@ class MathEnv:
     name = "math"
 
     def __init__(self, *, seed: int = 0, num_tasks: int | None = None, data_path: str | None = None,
-                 level: int | None = None, cfg: MathConfig = MathConfig(), sandbox: Sandbox | None = None):
+                 level: int | None = None, cfg: MathConfig = MathConfig(), sandbox: Sandbox | None = None,
+                 env_cfg: EnvConfig | None = None):
         if level is not None and not 0 <= level < NUM_LEVELS:
             raise ValueError(f"math: level={level} must be in [0, {NUM_LEVELS - 1}]; pick one of those or None.")
         self.cfg, self.seed, self.level = cfg, seed, level
-        self.sandbox = sandbox or Sandbox(SandboxConfig(
-            timeout_s=cfg.timeout_s, cpu_s=max(1, int(cfg.timeout_s)), memory_mb=cfg.memory_mb,
+        self.sandbox = sandbox or Sandbox(SandboxConfig.from_env(
+            env_cfg, timeout_s=cfg.timeout_s, cpu_s=max(1, int(cfg.timeout_s)), memory_mb=cfg.memory_mb,
             max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent))
+        self.sandbox.check_interpreter(["-c", "pass"], "its standard library")
+        self.faults: collections.Counter = collections.Counter()  # "tool:ExceptionType" of model-caused tool errors
         if data_path is not None:
             self._tasks = load_verl_tasks(data_path, bench="math", tools=(PYTHON_TOOL,), system=SYSTEM)[:num_tasks]
         else:

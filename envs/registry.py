@@ -2,7 +2,8 @@
 
 Algorithm: look the bench up in a table of lazy constructors (each imports its module only when
 asked, so `search` never pays for the swe projects and vice versa) and pass the common keyword
-arguments (seed, num_tasks, data_path, level) plus any env-specific ones through. Scripted
+arguments (seed, num_tasks, data_path, level) plus any env-specific ones through; `env_cfg` (the
+`--env.*` sandbox settings, envs/config.py) goes to the benches whose tools run in a sandbox. Scripted
 agents (`oracle_actions`, `wrong_actions`) are found the same way via `scripted_agents(bench)`.
 
 Invariants (tests/test_envs_toy.py, test_envs_search.py, test_envs_math.py): every bench in
@@ -15,14 +16,15 @@ import importlib
 from collections.abc import Callable
 
 from envs.base import Env, Task
+from envs.config import EnvConfig
 
 BENCHES = ("swe", "search", "math", "toy")
-# bench -> (module, env class); modules are imported on first use.
+# bench -> (module, env class, whether its tools run in a sandbox); modules are imported on first use.
 _ENTRIES = {
-    "swe": ("envs.swe", "SweEnv"),
-    "search": ("envs.search", "SearchEnv"),
-    "math": ("envs.mathenv", "MathEnv"),
-    "toy": ("envs.toy", "ToyEnv"),
+    "swe": ("envs.swe", "SweEnv", True),
+    "search": ("envs.search", "SearchEnv", False),
+    "math": ("envs.mathenv", "MathEnv", True),
+    "toy": ("envs.toy", "ToyEnv", False),
 }
 
 
@@ -33,8 +35,10 @@ def _module(bench: str):
 
 
 def make_env(bench: str, *, seed: int = 0, num_tasks: int | None = None, data_path: str | None = None,
-             level: int | None = None, **kw) -> Env:
+             level: int | None = None, env_cfg: EnvConfig | None = None, **kw) -> Env:
     cls = getattr(_module(bench), _ENTRIES[bench][1])
+    if env_cfg is not None and _ENTRIES[bench][2]:
+        kw["env_cfg"] = env_cfg
     return cls(seed=seed, num_tasks=num_tasks, data_path=data_path, level=level, **kw)
 
 

@@ -9,14 +9,14 @@ A swe row is one of two kinds, told apart by its `extra_info`:
   external  extra_info.repo_dir: a local checkout of the buggy repository (absolute, or relative to
             the data file); extra_info.package: the directory in it whose contents are scored
             (the model's fix); extra_info.hidden_tests_dir (optional, default `<repo_dir>/tests`):
-            the tests copied in at submit, as `tests/`; extra_info.num_tests (optional): how many
-            tests must pass. ground_truth: {"file", "patch_old", "patch_new"} for the scripted
+            the tests copied in at submit, as `tests/` (every test function in them must pass).
+            ground_truth: {"file", "patch_old", "patch_new"} for the scripted
             oracle, or any string when there is none. R2E-Gym rows need their repository checked
             out locally and these fields added; their docker images are not used.
 
 Algorithm: load the rows, resolve paths, check that the repository and package exist, and build
 `Task`s whose `answer` is what `SweEpisode` reads (package, repo_dir, hidden_tests_dir, mutation,
-num_tests, patch). Invariants (tests/test_envs_swe.py): exported built-in rows load back into
+patch). Task texts and tools come from envs/swe_spec.py, so this module never imports the env. Invariants (tests/test_envs_swe.py): exported built-in rows load back into
 tasks an oracle solves; an external row with a missing repo_dir raises ValueError naming the row.
 """
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from envs import swe_mutate as mut
 from envs.base import Task
 from envs.datasets import load_verl_tasks
+from envs.swe_spec import TOOLS, system_text
 
 
 def _ground_truth(task: Task) -> dict:
@@ -55,21 +56,18 @@ def _external_answer(task: Task, extra: dict, gt: dict, base: Path, row: int) ->
                          f"check extra_info.repo_dir and extra_info.package")
     hidden = path("hidden_tests_dir") if "hidden_tests_dir" in extra else repo / "tests"
     return {"package": str(extra["package"]), "repo_dir": str(repo), "hidden_tests_dir": str(hidden),
-            "num_tests": extra.get("num_tests"), "mutation": None, "patch_old": gt.get("patch_old"),
+            "mutation": None, "patch_old": gt.get("patch_old"),
             "patch_new": gt.get("patch_new"), "failing_tests": gt.get("failing_tests", [])}
 
 
 def load_rows(data_path: str, *, level: int | None = None) -> list[Task]:
-    from envs.swe import TOOLS, _num_tests, _system_text  # swe imports this module lazily
-
     base = Path(data_path).resolve().parent
     out = []
-    for i, task in enumerate(load_verl_tasks(data_path, bench="swe", tools=TOOLS, system=_system_text())):
+    for i, task in enumerate(load_verl_tasks(data_path, bench="swe", tools=TOOLS, system=system_text())):
         extra, gt = task.meta.get("extra_info", {}), _ground_truth(task)
         if "swe_mutation" in extra:
             m = mut.Mutation(**extra["swe_mutation"])
-            answer = {"package": m.project, "mutation": extra["swe_mutation"], "num_tests": _num_tests(m.project),
-                      "patch_old": gt["patch_old"], "patch_new": gt["patch_new"], "failing_tests": gt["failing_tests"]}
+            answer = {"package": m.project, "mutation": extra["swe_mutation"], "patch_old": gt["patch_old"], "patch_new": gt["patch_new"], "failing_tests": gt["failing_tests"]}
             meta = {"project": m.project, "file": m.file, "kind": m.kind, "line": m.line, "function": m.function}
         else:
             answer = _external_answer(task, extra, gt, base, i)

@@ -138,3 +138,40 @@ def test_run_scripted_stops_at_first_message_without_calls():
     call = json.dumps({"name": "echo", "arguments": {"text": "hi"}})
     reward, results = run_scripted(env, task, [f"<tool_call>{call}</tool_call>", f"<answer>{task.answer}</answer>", "ignored"])
     assert reward == 1.0 and [r.text for r in results] == ["hi"]
+
+
+def test_hostile_json_never_raises():
+    texts = [
+        '<tool_call>{"name": "add", "arguments": {"a": 1' + "1" * 4301 + ', "b": 2}}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1' + "1" * 4301 + '}"}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": ' + "[" * 100000 + "]" * 100000 + "}</tool_call>",
+        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": {"note": ["\\udfff"], "a": 1, "b": 2}}</tool_call>',
+    ]
+    for text in texts:
+        (out,) = parse_tool_calls(text)
+        assert isinstance(out, ToolCallError), out
+        res = dispatch(out, TOOLS, {"add": _add})
+        assert res.status == "failure" and res.text.encode("utf-8")
+    assert "4300 digits" in parse_tool_calls(texts[0])[0].message
+    assert "lone surrogate" in parse_tool_calls(texts[3])[0].message
+
+
+def test_dispatch_turns_handler_errors_into_counted_failures():
+    import collections
+
+    from envs.base import ToolInfraError, ToolRefused
+
+    def boom(a, b, note=""):
+        raise {"refused": ToolRefused("no such text"), "bug": UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"),
+               "infra": ToolInfraError("disk gone")}[note]
+
+    faults = collections.Counter()
+    refused = dispatch(ToolCall("add", {"a": 1, "b": 2, "note": "refused"}), TOOLS, {"add": boom}, faults=faults)
+    assert (refused.status, refused.text) == ("failure", "Error: no such text") and not faults
+    bug = dispatch(ToolCall("add", {"a": 1, "b": 2, "note": "bug"}), TOOLS, {"add": boom}, faults=faults)
+    assert bug.status == "failure" and "UnicodeEncodeError" in bug.text and faults == {"add:UnicodeEncodeError": 1}
+    with pytest.raises(ToolInfraError):
+        dispatch(ToolCall("add", {"a": 1, "b": 2, "note": "infra"}), TOOLS, {"add": boom}, faults=faults)
+    surrogate = dispatch(ToolCall("add", {"a": 1, "b": 2, "note": "\ud800"}), TOOLS, {"add": _add})
+    assert surrogate.status == "failure" and "lone surrogate" in surrogate.text

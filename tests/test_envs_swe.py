@@ -279,3 +279,64 @@ def test_external_repository_row(tmp_path):
     data.write_text(json.dumps({**row, "extra_info": {"index": "x"}}) + "\n")
     with pytest.raises(ValueError, match=r"swe data row 0 has no extra_info.repo_dir"):
         swe.SweEnv(data_path=str(data))
+
+
+def test_hidden_tests_are_held_out_per_task(env):
+    from envs import swe_grade
+    from envs.swe_mutate import PROJECTS_DIR
+
+    held = {}
+    for task in [t for t in env.tasks() if t.meta["project"] == "calc"][:3]:
+        ep = env.start(task)
+        try:
+            visible = swe_grade.test_ids(ep.workdir / "tests")
+        finally:
+            ep.close()
+        every = swe_grade.test_ids(PROJECTS_DIR / "calc" / "tests")
+        held[task.task_id] = sorted(set(every) - set(visible))
+        assert held[task.task_id] and len(held[task.task_id]) == len(every) // 4
+        assert set(visible) | set(held[task.task_id]) == set(every)
+        assert task.answer["failing_tests"][0] in visible  # the test a level-2 issue names stays visible
+    assert len({tuple(h) for h in held.values()}) > 1  # the split is per task
+
+
+def test_grade_verdict_counts_signed_records_by_id():
+    from envs.swe_grade import verdict
+
+    ids, canaries = ["tests/t.py::test_a", "tests/t.py::test_b"], ["tests/t.py::test_zz"]
+    ok = {"tests/t.py::test_a": ["call:passed"], "tests/t.py::test_b": ["call:passed"], "tests/t.py::test_zz": ["call:failed"]}
+    assert verdict(ok, 0, ids, canaries).reason == "passed" and verdict(ok, 0, ids, canaries).reward == 1.0
+    cases = [
+        ({**ok}, 1, "tampered"),  # a record that did not verify: forged output
+        ({**ok, "tests/t.py::test_zz": ["call:passed"]}, 0, "tampered"),  # a patched runner passes the canary
+        ({k: v for k, v in ok.items() if k != "tests/t.py::test_b"}, 0, "missing_ids"),  # crash, exit, collection error
+        ({**ok, "tests/t.py::test_b": ["call:failed"]}, 0, "tests_failed"),
+        ({**ok, "tests/t.py::test_b": ["call:passed", "teardown:failed"]}, 0, "tests_failed"),
+    ]
+    for records, forged, reason in cases:
+        g = verdict(records, forged, ids, canaries)
+        assert (g.reward, g.reason) == (0.0, reason), (records, g)
+
+
+def test_host_tools_refuse_fifos_and_cap_outputs(env):
+    task = _calc_task(env)
+    ep = env.start(task)
+    try:
+        os.mkfifo(ep.workdir / "calc" / "zz.py")
+        (ep.workdir / "calc" / "big.py").write_text("needle" + "x" * (3 << 20) + "\n")
+        os.makedirs(ep.workdir / "many")
+        for i in range(1000):
+            (ep.workdir / "many" / f"f{i:04d}.py").touch()
+        r = ep.execute(call("view_file", path="calc/zz.py"))
+        assert r.status == "failure" and "not a regular file" in r.text
+        s = ep.execute(call("search", pattern="needle"))
+        assert s.status == "success" and "calc/big.py:1: needle" in s.text and len(s.text) < 2000
+        v = ep.execute(call("view_file", path="calc/big.py"))
+        assert len(v.text) < 2000 and "more characters" in v.text
+        listing = ep.execute(call("view_file", path="."))
+        assert "more files; view a subdirectory" in listing.text and len(listing.text.splitlines()) <= 303
+        assert ep.execute(call("replace", path="calc/zz.py", old="a", new="b")).status == "failure"
+        assert ep.score("") == 0.0  # the FIFO in the package is skipped, the bug is still there
+    finally:
+        ep.close()
+    assert env.faults == {}  # refusals are the model's mistakes, not tool faults

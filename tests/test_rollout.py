@@ -35,8 +35,9 @@ class Scripted(torch.nn.Module):
 
 
 class FakeEpisode:
-    def __init__(self, latency_s=0.0, infra_at=None):
+    def __init__(self, latency_s=0.0, infra_at=None, score_infra=False):
         self.latency_s, self.infra_at, self.calls, self.closed = latency_s, infra_at, [], False
+        self.score_infra = score_infra
 
     def execute(self, call):
         self.calls.append(call)
@@ -48,6 +49,8 @@ class FakeEpisode:
         return ToolResult(tool=call.name, text=f"ok {len(self.calls)}", status="success")
 
     def score(self, final_text):
+        if self.score_infra:
+            raise ToolInfraError("grading sandbox could not start")
         return float(len(self.calls))
 
     def close(self):
@@ -178,6 +181,15 @@ def test_tool_infra_error_ends_without_reward(tiny):
     ep = FakeEpisode(infra_at=1)
     done, _ = run(engine_for(scripted, tok), [RolloutRequest("x", task_for(0), ep, render_prompt(tok, task_for(0).messages, ()), "g")])
     assert done["x"].finish_reason == "tool_infra" and done["x"].reward is None and ep.closed
+
+
+def test_infra_error_while_scoring_drops_instead_of_raising(tiny):
+    # step() must never raise for it: the rank would die (issue 16: a grading sandbox failure did)
+    model, tok = tiny
+    ep = FakeEpisode(score_infra=True)
+    done, _ = run(engine_for(Scripted(model, make_script(tok)), tok),
+                  [RolloutRequest("y", task_for(0), ep, render_prompt(tok, task_for(0).messages, ()), "g")])
+    assert done["y"].finish_reason == "tool_infra" and done["y"].reward is None and ep.closed
 
 
 def test_done_result_submits(tiny):

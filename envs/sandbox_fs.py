@@ -1,0 +1,224 @@
+"""The filesystem a sandboxed command sees (a fresh read-only root), and the episodes' work dirs.
+
+New root, built by one `mount -a` over a per-call fstab inside the call's own mount namespace:
+  1. a small tmpfs on the runtime dir's `root/` mount point becomes the new "/";
+  2. the system dirs (/usr, /etc, /bin, /sbin, /lib*) and the interpreter's prefixes (plus
+     `expose_paths`) are bound read-only, nosuid, nodev at their own paths;
+  3. /dev is a read-only skeleton (empty files, /proc/self/fd links) with null, zero, full,
+     random, urandom and tty bound onto it; /proc is the call's own (its PID namespace);
+  4. one size-limited tmpfs serves /tmp, /var/tmp and /dev/shm; /run is a private tmpfs;
+  5. the work dir is bound read-write at its own path (read-only for grading runs).
+Nothing else of the host exists there: no /home or /root, no checkout, no other episode's work
+dir, no host socket (/run and /tmp are private; sockets found once under the bound non-system
+dirs and /etc are covered by /dev/null), and the swe data dirs are covered by an empty tmpfs when
+a bound dir contains them. The command is then chrooted into it by `unshare --root`, as a
+non-root uid of a fresh user namespace (envs/sandbox_procs.py): no capabilities, so no mount,
+umount, chroot or new namespace.
+
+Work dirs: as root each is a tmpfs with a size and an inode cap (`mount(2)` at creation, lazily
+detached at removal; mounts of a dead process are swept at start). Otherwise a plain dir whose
+usage `usage()` measures after each call.
+
+Invariants (tests/test_sandbox.py, tests/test_adversarial.py): inside, only the bound dirs and
+the work dir exist and only the work dir and the private tmpfs are writable; a work dir never
+exceeds its caps as root; `remove_tree` removes what the model made unreadable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import sys
+import threading
+from pathlib import Path
+
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
+_SOCKET_SCAN_MAX_ENTRIES = 50_000
+_MNT_DETACH = 2
+_WORKDIR_FS = "libra-wd"  # mount source name: libra-wd-<pid>, so a dead owner's mounts can be swept
+
+
+def _q(path: str) -> str:
+    """A path as an fstab field (octal escapes for blanks and backslashes)."""
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
+def under(path: str, parent: str) -> bool:
+    return (path.rstrip("/") + "/").startswith(parent.rstrip("/") + "/")
+
+
+# ---- runtime dirs: the new root's mount point and the /dev skeleton ------------------------------
+
+
+def runtime_dirs(base: Path) -> tuple[Path, Path]:
+    """(mount point of the new root, /dev skeleton) next to the work-dir root; made once."""
+    rt = base.parent / (base.name + ".rt")
+    newroot, dev = rt / "root", rt / "dev"
+    for d in (rt, newroot, dev, dev / "shm", dev / "pts"):
+        d.mkdir(mode=0o755, exist_ok=True)
+    for name in DEVICES:
+        f = dev / name
+        if not f.exists():
+            f.touch(mode=0o666)
+    for name, target in _DEV_LINKS.items():
+        link = dev / name
+        if not link.is_symlink():
+            link.symlink_to(target)
+    return newroot, dev
+
+
+def interpreter_dirs(extra: tuple[str, ...] = ()) -> list[str]:
+    """Dirs the running interpreter needs (prefixes, real executable) plus `extra`, outside SYSTEM_DIRS."""
+    exe_root = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, exe_root, *extra)}
+    dirs = {d for d in dirs if os.path.isdir(d) and d != "/"}
+    keep = [d for d in sorted(dirs) if not any(under(d, s) for s in SYSTEM_DIRS)]
+    # a dir inside another kept one is bound with it
+    return [d for d in keep if not any(d != o and under(d, o) for o in keep)]
+
+
+_socket_cache: dict[str, list[str]] = {}
+_socket_lock = threading.Lock()
+
+
+def sockets_under(dirs: list[str]) -> list[str]:
+    """Unix socket files under `dirs` (first 50k entries of each; cached per dir for the process)."""
+    out = []
+    with _socket_lock:
+        for d in dirs:
+            if d not in _socket_cache:
+                _socket_cache[d] = _scan_sockets(d)
+            out.extend(_socket_cache[d])
+    return out
+
+
+def _scan_sockets(root: str) -> list[str]:
+    found, stack, seen = [], [root], 0
+    while stack and seen < _SOCKET_SCAN_MAX_ENTRIES:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    seen += 1
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISSOCK(st.st_mode):
+                        found.append(e.path)
+                    elif stat.S_ISDIR(st.st_mode):
+                        stack.append(e.path)
+        except OSError:
+            continue
+    return found
+
+
+def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden: list[str],
+          sockets: list[str], tmpfs_mb: int, cwd_read_only: bool = False) -> str:
+    """The mounts that build the new root, in an order where every parent comes first."""
+    nr = str(newroot)
+    ro = "bind,ro,nosuid,nodev,X-mount.mkdir"
+    rows = [f"none {_q(nr)} tmpfs size=1m,mode=755,nosuid,nodev 0 0"]
+    for d in SYSTEM_DIRS:
+        if os.path.isdir(d):
+            rows.append(f"{_q(d)} {_q(nr + d)} none {ro} 0 0")
+    rows.append(f"{_q(str(devskel))} {_q(nr)}/dev none bind,ro,nosuid,X-mount.mkdir 0 0")
+    rows += [f"/dev/{name} {_q(nr)}/dev/{name} none bind 0 0" for name in DEVICES if os.path.exists(f"/dev/{name}")]
+    rows.append(f"/proc {_q(nr)}/proc none rbind,X-mount.mkdir 0 0")
+    rows.append(f"none {_q(nr)}/tmp tmpfs size={tmpfs_mb}m,mode=1777,nosuid,nodev,X-mount.mkdir 0 0")
+    rows.append(f"{_q(nr)}/tmp {_q(nr)}/var/tmp none bind,X-mount.mkdir 0 0")
+    rows.append(f"{_q(nr)}/tmp {_q(nr)}/dev/shm none bind 0 0")
+    rows.append(f"none {_q(nr)}/run tmpfs size=1m,mode=755,nosuid,nodev,X-mount.mkdir 0 0")
+    # parents before children: exposed dirs may sit in /tmp (a CI venv), hidden dirs in exposed ones
+    rows += [f"{_q(d)} {_q(nr + d)} none {ro} 0 0" for d in sorted(exposed, key=len)]
+    rows.append(f"{_q(cwd)} {_q(nr + cwd)} none bind,{'ro,' if cwd_read_only else ''}nosuid,nodev,X-mount.mkdir 0 0")
+    rows += [f"none {_q(nr + h)} tmpfs size=4k,mode=755,nosuid,nodev 0 0" for h in sorted(hidden, key=len)]
+    rows += [f"/dev/null {_q(nr + s)} none bind 0 0" for s in sockets]
+    return "\n".join(rows) + "\n"
+
+
+# ---- work dirs ---------------------------------------------------------------------------------------
+
+_libc = None
+
+
+def _sys(name: str):
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return getattr(_libc, name)
+
+
+def mount_workdir(path: Path, size_mb: int, inodes: int) -> None:
+    """Put a tmpfs with a size and an inode cap on `path` (root only); OSError if the kernel refuses."""
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=0700".encode()
+    src = f"{_WORKDIR_FS}-{os.getpid()}".encode()
+    if _sys("mount")(src, str(path).encode(), b"tmpfs", ctypes.c_ulong(0x2 | 0x4), opts) != 0:  # MS_NOSUID | MS_NODEV
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount tmpfs on {path}: {os.strerror(e)}")
+
+
+def unmount_workdir(path: Path) -> None:
+    if _sys("umount2")(str(path).encode(), _MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
+            raise OSError(e, f"umount {path}: {os.strerror(e)}")
+
+
+def sweep_workdir_mounts(root: Path) -> None:
+    """Detach work-dir tmpfs mounts under `root` whose owning process is gone."""
+    prefix = str(root).rstrip("/") + "/"
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        mp, src = left.split()[4], right.split()[1]
+        if mp.startswith(prefix) and src.startswith(_WORKDIR_FS + "-"):
+            pid = src.rsplit("-", 1)[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                unmount_workdir(Path(mp))
+                try:
+                    os.rmdir(mp)
+                except OSError:
+                    pass
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that first gives back permissions the model took away (a dir of mode 000)."""
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        _give_back_dirs(path)
+        shutil.rmtree(path)
+
+
+def _give_back_dirs(path: Path) -> None:
+    stack = [str(path)]
+    while stack:
+        d = stack.pop()
+        os.chmod(d, 0o700)  # only real dirs get here: scandir said so without following links
+        with os.scandir(d) as it:
+            stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+
+
+def usage(path: Path, max_entries: int) -> tuple[int, int]:
+    """(bytes, entries) under `path`, counting at most `max_entries` + 1 entries."""
+    total = entries = 0
+    stack = [str(path)]
+    while stack and entries <= max_entries:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    entries += 1
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(e.path)
+        except OSError:
+            continue
+    return total, entries
