@@ -640,16 +640,24 @@ def disk_and_inode_quota(ctx):
 
 @attack("limits")
 def cpu_quota(ctx):
-    """Two busy processes: the call's cgroup must throttle them to its CPU quota (a quarter core)."""
+    """Two busy processes: the call's cgroup must hold them to its CPU quota (a quarter core).
+
+    Contained when the cgroup reports throttled periods, or when the children's CPU time over the wall
+    time stays near the quota (on a loaded host they may never reach the quota, so never get throttled)."""
     sb = ctx.math_sandbox(cpu_cores=0.25)
     with sb.workdir("cpu") as w:
-        code = ("import multiprocessing as mp, time\n"
+        code = ("import multiprocessing as mp, os, time\n"
                 "def spin():\n    t = time.time()\n    while time.time() - t < 0.6: pass\n"
-                "if __name__ == '__main__':\n    ps = [mp.Process(target=spin) for _ in range(2)]\n"
-                "    [p.start() for p in ps]; [p.join() for p in ps]\n")
+                "if __name__ == '__main__':\n    t0 = time.time(); ps = [mp.Process(target=spin) for _ in range(2)]\n"
+                "    [p.start() for p in ps]; [p.join() for p in ps]\n"
+                "    c = os.times(); print((c.children_user + c.children_system) / (time.time() - t0))\n")
         r = sb.run([sys.executable, "-c", code], cwd=w)
     throttled = r.info.get("cpu_throttled_periods")
-    return Outcome(bool(throttled), f"throttled periods: {throttled}")
+    try:
+        cores_used = float(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return Outcome(False, f"no CPU figure: {r.status} {r.stdout[-80:]!r} {r.stderr[-120:]!r}")
+    return Outcome(bool(throttled) or cores_used <= 0.4, f"throttled periods: {throttled}, cores used: {cores_used:.2f}")
 
 
 # ---- driver ----------------------------------------------------------------------------------------
