@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = parse_args(argv, device_kind_of=_device_kind)
+        if not cfg.run.plan_only:
+            from engine.preflight import check_run_inputs
+
+            check_run_inputs(cfg, _run_dir(cfg))
         if cfg.run.sim:
             return _simulate(cfg)
         from engine.run import plan_placement, placement_table, run, run_compare
