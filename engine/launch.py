@@ -195,14 +195,24 @@ def _kill_all(procs) -> None:
             p.join(timeout=10)
 
 
-def run_in_torchrun(target: Callable[..., Any], args: tuple, *, device_info: DeviceInfo, timeout_s: float = 120.0) -> Any:
-    """The child path for a process that torchrun started (RANK/WORLD_SIZE/MASTER_* set)."""
+def run_in_torchrun(target: Callable[..., Any], args: tuple, *, device_info: DeviceInfo, threads_per_rank: int = 1,
+                    timeout_s: float = 120.0) -> list[Any] | None:
+    """The child path for a process that torchrun started (RANK/WORLD_SIZE/MASTER_* set).
+
+    Returns every rank's result in rank order on global rank 0 (gathered over the default
+    group, as objects: gloo even beside nccl), None on the others, like `spawn` does for its parent.
+    A rank that raises exits non-zero and torchrun's agent stops the others.
+    """
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.set_num_threads(max(1, threads_per_rank))
     store = store_from_env(rank, timeout_s)
     _init_dist(store, rank, world_size, device_info, timeout_s)
     ctx = RankContext(rank, world_size, store, Mailbox(store, rank), device_info, local_rank=local_rank)
     try:
-        return target(ctx, *args)
+        result = target(ctx, *args)
+        gathered = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        return gathered
     finally:
         dist.destroy_process_group()

@@ -147,19 +147,21 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         ckpt = checkpoint.latest(out_dir)
         resume, handoff = checkpoint.load(ckpt), str(ckpt)
         log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume.step, resume.policy_version)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
-    log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
-             role_map.describe())
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun and int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
+                         f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
+    if not torchrun or int(os.environ["RANK"]) == 0:  # under torchrun every process runs this: rank 0 writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
+        log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
+                 role_map.describe())
     args = (cfg, role_map, str(out_dir), resume, handoff)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        if int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
-                             f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
-        result = run_in_torchrun(rank_main, args, device_info=info, timeout_s=cfg.launch.timeout_s)
-        if int(os.environ["RANK"]) != 0:
+    if torchrun:
+        results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
+                                  timeout_s=cfg.launch.timeout_s)
+        if results is None:  # not rank 0: the coordinator writes the summary
             return 0
-        results = [result]
     else:
         try:
             results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
