@@ -4,6 +4,7 @@
     python libra.py --bench swe --plan-only        # print the placement and exit
     python libra.py --bench swe --sim --compare    # the simulator, every system, cluster scale
     python libra.py --help                         # every flag, generated from config.py
+    python libra.py export RUN_DIR --to DIR        # the trained policy as a Hugging Face directory
 
 Under torchrun (`torchrun --nproc-per-node 9 libra.py ...`) global rank 0 is the coordinator
 and the others are workers, exactly as with our own launcher.
@@ -38,6 +39,11 @@ def _run_dir(cfg) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from engine.export import main as export_main
+
+        return export_main(argv[1:])
     from config import parse_args
 
     try:
