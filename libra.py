@@ -34,7 +34,8 @@ def _run_dir(cfg) -> Path:
     what = "compare" if cfg.run.compare else cfg.run.system
     # under torchrun every process must pick the same directory: use the job's run id
     stamp = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.run.bench}-{kind}{what}-{stamp}"
+    name = cfg.run.env.rpartition(":")[2].lower() if cfg.run.env else cfg.run.bench
+    return Path("runs") / f"{name}-{kind}{what}-{stamp}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,11 @@ class Coordinator:
         self._progress_t = self._stall_t = time.monotonic()
 
     @property
+    def bench_name(self) -> str:
+        """What the run trains on: the bench, or the name of the `--env` plug-in."""
+        return self.env.name if self.cfg.run.env else self.cfg.run.bench
+
+    @property
     def role_map(self) -> RoleMap:
         return self.core.role_map
 
@@ -161,7 +166,7 @@ class Coordinator:
         self.core.start(self.now())
         if handoff:  # resumed: rollout ranks need the trained weights
             self.sync_weights()
-        log.info("[libra] %s on %s | %s", self.cfg.run.system, self.cfg.run.bench, self.role_map.describe())
+        log.info("[libra] %s on %s | %s", self.cfg.run.system, self.bench_name, self.role_map.describe())
         try:
             while not self.core.done:
                 self.admit()
@@ -337,7 +342,7 @@ class Coordinator:
         self.groups_mgr.destroy()
         self.pool.shutdown(wait=True, cancel_futures=True)
         counts = self.core.ledger.counts()
-        return summarize(self.metrics, bench=self.cfg.run.bench, system=self.cfg.run.system, mode="real",
+        return summarize(self.metrics, bench=self.bench_name, system=self.cfg.run.system, mode="real",
                          wall_s=self.now(), dropped=counts["dropped"], peak_rss_mb=0.0, ledger=counts,
                          role_map_changes=self.role_changes, model=self.cfg.run.model,
                          trained_task_ids=self.core.ledger.trained_order)

@@ -5,8 +5,9 @@ import) must end as one line naming the value and the fix, and must leave no hal
 directory behind: so these checks only read, and probe writability with a temporary entry
 that they remove again. Torch-free, so the simulator path (`--sim`) runs them too.
 
-Invariants (tests/test_bad_input.py): `--out` under a file or in a read-only place is a
-ValueError naming the path and the fix, and creates nothing; a writable path passes.
+Invariants (tests/test_bad_input.py, tests/test_plugins.py): `--out` under a file or in a
+read-only place is a ValueError naming the path and the fix, and creates nothing; a writable
+path passes; a broken `--env`/`--reward` fails here, before the run dir exists.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ from pathlib import Path
 def check_run_inputs(cfg, run_dir: Path) -> None:
     """Every launcher-side check of a resolved config, before the run directory exists."""
     check_out_dir(run_dir, "--resume" if cfg.run.resume else "--out")
+    if cfg.run.env or cfg.run.reward:
+        check_plugin_flags(cfg)
+
+
+def check_plugin_flags(cfg) -> None:
+    """`--env` / `--reward`: compatible with the other flags, importable, and well-formed (envs/plugins.py)."""
+    from envs.plugins import check_plugins
+
+    used = " and ".join(f for f, v in (("--env", cfg.run.env), ("--reward", cfg.run.reward)) if v)
+    if cfg.run.sim:
+        raise ValueError(f"{used} cannot be simulated: --sim models the built-in benches' workloads; drop --sim or {used}")
+    if cfg.run.env and cfg.run.demo_turns > 0:
+        raise ValueError(f"--demo-turns {cfg.run.demo_turns} needs a bench's scripted oracle, which --env {cfg.run.env!r} "
+                         "does not have; pass --demo-turns 0")
+    check_plugins(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, seed=cfg.run.seed,
+                  num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
+                  level=None if cfg.run.level < 0 else cfg.run.level)
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> None:

@@ -101,14 +101,22 @@ class CoordinatorParts:
     spec: object
 
 
+def make_run_env(cfg):
+    """The run's env: the bench's, or `--env`, scored by `--reward` when given (envs/plugins.py)."""
+    from envs.plugins import make_run_env as make
+
+    return make(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, seed=cfg.run.seed,
+                num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
+                level=None if cfg.run.level < 0 else cfg.run.level)
+
+
 def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | None) -> CoordinatorParts:
     from engine.models import load_tokenizer
     from envs.demo import add_demo_turns
-    from envs.registry import make_env, scripted_agents
+    from envs.registry import scripted_agents
     from scheduler.systems import get_system, make_planner, make_router
 
-    env = make_env(cfg.run.bench, seed=cfg.run.seed, num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
-                   level=None if cfg.run.level < 0 else cfg.run.level)
+    env = make_run_env(cfg)
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
