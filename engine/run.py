@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import checkpoint
-from engine.devices import DeviceInfo, detect
+from engine.devices import DeviceInfo, detect, rank_device
 from engine.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
 from runlog import RunWriter
 from scheduler.layout import RoleMap
@@ -63,7 +63,10 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
         return info, checkpoint.load(ckpt).role_map
     nproc = cfg.run.nproc or info.default_nproc()
     if info.kind != "cpu" and nproc > info.count:
-        raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
+        # allowed (e.g. 2 ranks on one GPU to try a node): ranks share devices round-robin, their
+        # weight sync goes over gloo, and a trainer or TP group over a shared device is refused (groups.py)
+        log.warning("[libra] --nproc %d on %d %s device(s): ranks share devices; the sync among them uses gloo, "
+                    "and training and TP instances need one rank per device", nproc, info.count, info.kind)
     from scheduler.systems import initial_role_map
 
     role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
@@ -84,7 +87,7 @@ def placement_table(role_map: RoleMap, info: DeviceInfo, cfg) -> str:
         roles = " + ".join(role_map.roles_of(r))
         bucket = f"{inst.bucket} (<= {limits[inst.bucket]} tok)" if inst and limits[inst.bucket] else (inst.bucket if inst else "-")
         table.add_row(str(r), roles, bucket, str(inst.instance_id) if inst else "-", str(inst.tp) if inst else "-",
-                      str(info.torch_device(r)))
+                      str(rank_device(info, r + 1, r + 1)))
     console = Console(record=True, width=110)
     with console.capture() as cap:
         console.print(table)
