@@ -7,6 +7,7 @@ GRPO step), so the test knows the trainer's exact weights; one slow test exports
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,10 +92,11 @@ def test_export_generates_like_the_rollout_engine(trained_run, tmp_path):
     task = Task(task_id="t", bench="toy", messages=MESSAGES, tools=())
     engine.add(RolloutRequest(request_id="r", task=task, episode=Episode(), prompt_ids=prompt, group_id="g"))
     traj = None
-    for _ in range(500):
+    deadline = time.monotonic() + 60
+    while traj is None and time.monotonic() < deadline:  # scoring runs on the tool pool
         traj = next((e.trajectory for e in engine.step() if isinstance(e, Finished)), None)
-        if traj is not None:
-            break
+        engine.wait_for_tools(0.05)
+    assert traj is not None, "no trajectory finished within 60 s"
     engine.close()
     start, end = traj.turns[0]
     rollout_tokens = traj.token_ids[start:end]

@@ -152,3 +152,14 @@ def test_a_run_scores_data_rows_with_a_reward_from_the_working_dir(tmp_path):
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert rows and all(r["reward"] == 0.25 for r in rows)
     assert all(r["task_id"].startswith("qa-") for r in rows)
+
+
+def test_env_flag_coexists_with_an_env_section():
+    # the sandbox work adds an `env` config section (`--env.isolation`); `--env` must stay its own flag
+    from config import build_parser
+
+    parser = build_parser()
+    if not any("--env.isolation" in a.option_strings for a in parser._actions):
+        parser.add_argument("--env.isolation", dest="env.isolation")
+    ns = vars(parser.parse_args(["--env", "examples.guess_env:GuessEnv", "--env.isolation", "x"]))
+    assert ns["run.env"] == "examples.guess_env:GuessEnv" and ns["env.isolation"] == "x"
