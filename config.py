@@ -52,6 +52,8 @@ class RunConfig:
     num_tasks: int = 0  # tasks to draw from the bench; 0 = all
     level: int = -1  # bench difficulty level to keep (-1 = all levels)
     data: str = ""  # local parquet/jsonl in the verl row schema instead of the generated tasks
+    env: str = ""  # your own env instead of the bench's, as module.path:Class (envs/plugins.py)
+    reward: str = ""  # your own reward, module.path:function(final_text, ground_truth, task) -> float
     demo_turns: int = -1  # solved example exchanges shown before each task (envs/demo.py); -1 = 1 for smollm2, else 0
     sim: bool = False  # run the cluster simulator instead of real ranks
     compare: bool = False  # run every system on the same tasks and seed, write compare.json/png
@@ -313,11 +315,11 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
 def _derive(cfg: LibraConfig) -> LibraConfig:
     """The trainer drops what the coordinator would call stale, and scores log-probs at the rollout's temperature.
 
-    `--demo-turns -1` becomes 1 for SmolLM2 on generated tasks (they come with an oracle to
-    demonstrate), 0 otherwise; here rather than in the presets so a resumed run resolves it too.
+    `--demo-turns -1` becomes 1 for SmolLM2 on generated bench tasks (they come with an oracle to
+    demonstrate), 0 otherwise (`--data`, `--env`); here rather than in the presets so a resumed run resolves it too.
     """
     if cfg.run.demo_turns < 0:
-        demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data else 0
+        demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data and not cfg.run.env else 0
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
     return dataclasses.replace(cfg, trainer=dataclasses.replace(

@@ -4,6 +4,7 @@
     python libra.py --bench swe --plan-only        # print the placement and exit
     python libra.py --bench swe --sim --compare    # the simulator, every system, cluster scale
     python libra.py --help                         # every flag, generated from config.py
+    python libra.py export RUN_DIR --to DIR        # the trained policy as a Hugging Face directory
 
 Under torchrun (`torchrun --nproc-per-node 9 libra.py ...`) global rank 0 is the coordinator
 and the others are workers, exactly as with our own launcher.
@@ -33,15 +34,25 @@ def _run_dir(cfg) -> Path:
     what = "compare" if cfg.run.compare else cfg.run.system
     # under torchrun every process must pick the same directory: use the job's run id
     stamp = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.run.bench}-{kind}{what}-{stamp}"
+    name = cfg.run.env.rpartition(":")[2].lower() if cfg.run.env else cfg.run.bench
+    return Path("runs") / f"{name}-{kind}{what}-{stamp}"
 
 
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from engine.export import main as export_main
+
+        return export_main(argv[1:])
     from config import parse_args
 
     try:
         cfg = parse_args(argv, device_kind_of=_device_kind)
+        if not cfg.run.plan_only:
+            from engine.preflight import check_run_inputs
+
+            check_run_inputs(cfg, _run_dir(cfg))
         if cfg.run.sim:
             return _simulate(cfg)
         from engine.run import plan_placement, placement_table, run, run_compare

@@ -41,6 +41,36 @@ _TOOLS_FOOTER = (
 )
 
 
+# `render_text` as a Jinja chat template: engine/export.py writes it into exported tokenizers, so
+# that `apply_chat_template` elsewhere renders exactly the prompts the policy was trained on.
+# (JSON string literals are valid Jinja string literals.)
+HERMES_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='', msgs=messages) -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set ns.system = messages[0]['content'] -%}{%- set ns.msgs = messages[1:] -%}{%- endif -%}"
+    "{%- if tools -%}"
+    "{%- if ns.system -%}{%- set ns.system = ns.system + '\\n\\n' -%}{%- endif -%}"
+    "{%- set ns.system = ns.system + " + json.dumps(_TOOLS_HEADER) + " -%}"
+    "{%- for t in tools -%}{%- set ns.system = ns.system + ('\\n' if not loop.first else '') + (t | tojson) -%}{%- endfor -%}"
+    "{%- set ns.system = ns.system + " + json.dumps(_TOOLS_FOOTER) + " -%}"
+    "{%- endif -%}"
+    "{%- if ns.system -%}{{ '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- for m in ns.msgs -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else -%}"
+    "{%- set ns.content = m['content'] or '' -%}"
+    "{%- for call in m.get('tool_calls', []) -%}{%- set fn = call.get('function', call) -%}"
+    "{%- set ns.content = ns.content + ('\\n' if ns.content else '') + '<tool_call>\\n{\"name\": ' + (fn['name'] | tojson)"
+    " + ', \"arguments\": ' + (fn.get('arguments', {}) | tojson) + '}\\n</tool_call>' -%}"
+    "{%- endfor -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + ns.content + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
 def tools_block(tools) -> str:
     return _TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_FOOTER
 
@@ -82,14 +112,14 @@ def tool_response_text(texts, *, close_turn: bool = True) -> str:
     return f"{head}{IM_START}user\n{body}{IM_END}\n{IM_START}assistant\n"
 
 
-def _own_template_knows_tools(tokenizer) -> bool:
+def template_knows_tools(tokenizer) -> bool:
     template = getattr(tokenizer, "chat_template", None)
     return isinstance(template, str) and "tools" in template and getattr(tokenizer, "libra_template", "") != "hermes"
 
 
 def render_prompt(tokenizer, messages, tools) -> list[int]:
     """Token ids of the chat with tools, ending with `<|im_start|>assistant\\n`."""
-    if _own_template_knows_tools(tokenizer):
+    if template_knows_tools(tokenizer):
         ids = tokenizer.apply_chat_template(
             list(messages), tools=list(tools) or None, add_generation_prompt=True, tokenize=True
         )

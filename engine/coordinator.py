@@ -74,7 +74,8 @@ class Coordinator:
         self.env, self.tasks, self.tokenizer = parts.env, parts.tasks, parts.tokenizer
         self.core = core.StepCore(core_config(cfg, parts.spec), parts.router, parts.planner, role_map, state=resume)
         self.groups_mgr = GroupManager(ctx.store, global_rank=0, world_size=ctx.world_size, rank_offset=WORKER_OFFSET,
-                                       timeout_s=cfg.launch.timeout_s)
+                                       timeout_s=cfg.launch.timeout_s, device_kind=ctx.device_info.kind,
+                                       devices=ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None)
         self.pool = cf.ThreadPoolExecutor(max(8, cfg.rollout.tool_workers), thread_name_prefix="libra-env")
         self.writer = RunWriter(self.out)
         self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict())
@@ -88,6 +89,11 @@ class Coordinator:
         self.role_changes = 0
         self.t0 = time.monotonic()
         self._progress_t = self._stall_t = time.monotonic()
+
+    @property
+    def bench_name(self) -> str:
+        """What the run trains on: the bench, or the name of the `--env` plug-in."""
+        return self.env.name if self.cfg.run.env else self.cfg.run.bench
 
     @property
     def role_map(self) -> RoleMap:
@@ -164,7 +170,7 @@ class Coordinator:
         self.core.start(self.now())
         if handoff:  # resumed: rollout ranks need the trained weights
             self.sync_weights()
-        log.info("[libra] %s on %s | %s", self.cfg.run.system, self.cfg.run.bench, self.role_map.describe())
+        log.info("[libra] %s on %s | %s", self.cfg.run.system, self.bench_name, self.role_map.describe())
         try:
             while not self.core.done:
                 self.admit()
@@ -346,7 +352,7 @@ class Coordinator:
         self.groups_mgr.destroy()
         self.pool.shutdown(wait=True, cancel_futures=True)
         counts = self.core.ledger.counts()
-        return summarize(self.metrics, bench=self.cfg.run.bench, system=self.cfg.run.system, mode="real",
+        return summarize(self.metrics, bench=self.bench_name, system=self.cfg.run.system, mode="real",
                          wall_s=self.now(), dropped=counts["dropped"], peak_rss_mb=0.0, ledger=counts,
                          role_map_changes=self.role_changes, model=self.cfg.run.model,
                          trained_task_ids=self.core.ledger.trained_order)

@@ -7,8 +7,15 @@ breaks `import torch`, so presence is sniffed from the filesystem first).
 The process-group backend string always carries gloo for CPU tensors ("cpu:gloo,cuda:nccl"), so
 that object messages and CPU-side collectives work on every device kind.
 
+Per rank: the device is bound before any process group exists (`set_rank_device`, called by
+engine/launch.py); the coordinator stays on CPU; worker ranks map to local devices in order,
+and ranks beyond the device count share them. A group whose members share a device is gloo-only
+(`group_backend`), and a trainer or TP group that would share one is refused
+(`check_compute_group`), because NCCL/HCCL allow one rank per device in a communicator.
+
 Invariants (tests/test_devices.py): asking for a device that is absent raises RuntimeError with
-the fix; `auto` on a machine without accelerators is cpu/gloo; the backend string always has gloo.
+the fix; `auto` on a machine without accelerators is cpu/gloo; the backend string always has
+gloo; the device per rank and the backend per group follow the rules above.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import glob
 import importlib.util
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -87,13 +95,65 @@ def detect(requested: str = "auto") -> DeviceInfo:
     return DeviceInfo("cpu", os.cpu_count() or 1)
 
 
-def set_rank_device(info: DeviceInfo, local_index: int, *, threads: int) -> torch.device:
-    """Bind this process to its device and cap CPU threads (ranks share the cores)."""
+def rank_device_index(rank: int, local_rank: int) -> int | None:
+    """Local accelerator index of a process; None for the coordinator (global rank 0), which stays on CPU.
+
+    A worker on the coordinator's node (its first global rank is 0, `rank - local_rank == 0`)
+    skips the coordinator's local slot: local rank l uses device l - 1. On other nodes of a
+    torchrun job there is no coordinator, so local rank l uses device l.
+    """
+    if rank == 0:
+        return None
+    return local_rank - 1 if rank - local_rank == 0 else local_rank
+
+
+def rank_device(info: DeviceInfo, rank: int, local_rank: int) -> torch.device:
+    index = rank_device_index(rank, local_rank)
+    if info.kind == "cpu" or index is None:
+        return torch.device("cpu")
+    return info.torch_device(index)
+
+
+def set_rank_device(info: DeviceInfo, rank: int, local_rank: int, *, threads: int) -> torch.device:
+    """Bind this process to its device (before any process group exists) and cap CPU threads."""
     torch.set_num_threads(max(1, threads))
-    device = info.torch_device(local_index)
-    if info.kind == "cuda":
+    device = rank_device(info, rank, local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif info.kind == "npu":
+    elif device.type == "npu":
         _npu_count()
         torch.npu.set_device(device)
     return device
+
+
+def device_key(device: torch.device) -> str:
+    """Where a rank computes, comparable across ranks and nodes: "host/cuda:3"."""
+    return f"{socket.gethostname()}/{device}"
+
+
+def group_backend(kind: str, member_keys: list[str]) -> str | None:
+    """Backend for a new group: None (inherit "cpu:gloo,<dev>:<nccl|hccl>") unless members share a device.
+
+    NCCL and HCCL refuse a communicator with two ranks on one device, so a group whose members
+    share one (several ranks per GPU) is gloo-only; its tensors are staged through host memory.
+    """
+    if kind == "cpu" or len(set(member_keys)) == len(member_keys):
+        return None
+    return "gloo"
+
+
+def check_compute_group(kind: str, member_keys: list[str], what: str) -> None:
+    """A trainer (FSDP2) or TP group needs the device collectives: refuse members that share a device."""
+    shared = sorted({k for k in member_keys if member_keys.count(k) > 1})
+    if kind != "cpu" and shared:
+        raise ValueError(f"{what} would put {len(member_keys)} ranks on {len(set(member_keys))} device(s) ({', '.join(shared)} "
+                         f"shared); {kind} collectives need one rank per device: pass --nproc <= the device count, "
+                         "or use --system static so training stays on one rank")
+
+
+def empty_cache(device: torch.device) -> None:
+    """Return cached blocks of the device allocator (after freeing rollout memory)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "npu":
+        torch.npu.empty_cache()

@@ -13,12 +13,19 @@ with the same map at the same step boundary:
      TP instance keeps its device mesh and its in-flight state across the change;
   3. destroy the previous groups that were not kept.
 
+Devices (`devices`: each global rank's "host/device"): a group is created with the default
+backend ("cpu:gloo,cuda:nccl": device tensors over nccl, object messages and CPU tensors over
+gloo) unless its members share a device, which NCCL/HCCL refuse: then the weight-sync group is
+gloo-only (the weights are staged on the host), and a trainer or TP group is refused before any
+group is touched (`engine/devices.py`).
+
 Role maps number worker ranks 0..N-1; with a coordinator at global rank 0 (our launcher and
 torchrun alike) worker i is global rank i + `rank_offset`.
 
 Invariants (tests/test_groups.py): after any sequence of valid maps, a collective in every new
 group sums over exactly its members; version disagreement raises instead of hanging; rebuilds
-do not leak threads or file descriptors.
+do not leak threads or file descriptors; with ranks sharing a device the sync group is gloo and
+a trainer group over a shared device raises on every rank (tests/test_devices.py).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from engine.devices import check_compute_group, group_backend
 from scheduler.layout import RoleMap
 
 log = logging.getLogger(__name__)
@@ -49,12 +57,16 @@ class Groups:
     tp: dict[int, dist.ProcessGroup] = field(default_factory=dict)  # instance id -> TP group (TP > 1)
     sync: dist.ProcessGroup | None = None
     sync_src: int = -1  # global rank that broadcasts weights in `sync`
+    sync_backend: str | None = None  # None: the default "cpu:gloo,<dev>:<nccl|hccl>"; "gloo": members share a device
     owned: list[dist.ProcessGroup] = field(default_factory=list)  # every group created (members or not)
     keyed: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)  # trainer/TP groups by global ranks
 
 
 class GroupManager:
-    def __init__(self, store: dist.Store, *, global_rank: int, world_size: int, rank_offset: int, timeout_s: float = 60.0):
+    def __init__(self, store: dist.Store, *, global_rank: int, world_size: int, rank_offset: int, timeout_s: float = 60.0,
+                 device_kind: str = "cpu", devices: list[str] | None = None):
+        self.device_kind = device_kind  # cpu | cuda | npu
+        self.devices = devices  # device key ("host/cuda:0") per global rank; None: every rank on CPU
         self.store = store
         self.global_rank = global_rank
         self.world_size = world_size  # processes in the default group
@@ -74,6 +86,7 @@ class GroupManager:
                 f"role map v{role_map.version} places {role_map.world_size} workers (+{self.rank_offset} coordinator) "
                 f"but the process group has {self.world_size} ranks; plan for {self.world_size - self.rank_offset} workers"
             )
+        self._check_devices(role_map)  # before any rank touches a group: all ranks raise alike
         self._agree(role_map)
         old = self.current
         reusable = {} if old is None else old.keyed
@@ -82,6 +95,20 @@ class GroupManager:
             kept = {id(pg) for pg in self.current.owned}
             self._destroy([pg for pg in old.owned if id(pg) not in kept])
         return self.current
+
+    def _keys(self, worker_ranks) -> list[str]:
+        return [self.devices[r] for r in self.to_global(worker_ranks)] if self.devices else []
+
+    def _check_devices(self, role_map: RoleMap) -> None:
+        if not self.devices:
+            return
+        if len(role_map.trainer_ranks) > 1:
+            check_compute_group(self.device_kind, self._keys(role_map.trainer_ranks),
+                                f"role map v{role_map.version}: the trainer group {list(role_map.trainer_ranks)}")
+        for inst in role_map.instances:
+            if inst.tp > 1:
+                check_compute_group(self.device_kind, self._keys(inst.ranks),
+                                    f"role map v{role_map.version}: TP{inst.tp} instance {inst.instance_id} {list(inst.ranks)}")
 
     def _agree(self, role_map: RoleMap) -> None:
         self.epoch += 1
@@ -107,11 +134,12 @@ class GroupManager:
         if self.epoch > 2:  # keep the store small over long runs
             self.store.delete_key(f"libra/rolemap/{self.epoch - 2}/{self.global_rank}")
 
-    def _new_group(self, worker_ranks, groups: Groups, reusable: dict | None = None) -> dist.ProcessGroup | None:
+    def _new_group(self, worker_ranks, groups: Groups, reusable: dict | None = None,
+                   backend: str | None = None) -> dist.ProcessGroup | None:
         ranks = tuple(sorted(self.to_global(worker_ranks)))
         pg = (reusable or {}).get(ranks)
         if pg is None:
-            pg = dist.new_group(ranks=list(ranks), timeout=datetime.timedelta(seconds=self.timeout_s))
+            pg = dist.new_group(ranks=list(ranks), timeout=datetime.timedelta(seconds=self.timeout_s), backend=backend)
         groups.owned.append(pg)
         if reusable is not None:
             groups.keyed[ranks] = pg
@@ -128,7 +156,8 @@ class GroupManager:
         src = role_map.trainer_ranks[0]
         sync_members = sorted({src, *role_map.rollout_ranks})
         if len(sync_members) > 1:
-            groups.sync = self._new_group(sync_members, groups)
+            groups.sync_backend = group_backend(self.device_kind, self._keys(sync_members)) if self.devices else None
+            groups.sync = self._new_group(sync_members, groups, backend=groups.sync_backend)
         groups.sync_src = src + self.rank_offset
         log.debug("rank %d built groups for %s", self.global_rank, role_map.describe())
         return groups

@@ -5,7 +5,9 @@ on CPU: PLATFORM.md measured ~5 s for 8 ranks against 17-28 s with spawn), hosts
 they rendezvous on, and waits. Each child:
   - dies with its parent (PR_SET_PDEATHSIG); its parent is the forkserver (or the launcher with
     spawn), which exits when the launcher dies, so a SIGKILLed launcher leaves no orphans;
-  - joins the default process group (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU) through the store;
+  - binds its device (engine/devices.py: the coordinator stays on CPU, worker r uses local
+    device r - 1) and publishes it on the store, *then* joins the default process group (gloo on
+    CPU, "cpu:gloo,cuda:nccl" on GPU) through the store;
   - runs `target(ctx, *args)` and sends back its result, or its traceback with its role named.
 The launcher returns the results in rank order, or, as soon as one rank raises or dies,
 kills the others (SIGKILL to each child's process group) and raises `WorkerFailed` naming the
@@ -36,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from engine.control import Mailbox, connect_store, host_store, store_from_env
-from engine.devices import DeviceInfo
+from engine.devices import DeviceInfo, device_key, set_rank_device
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,13 @@ class RankContext:
     device_info: DeviceInfo
     local_rank: int
     role: str = "starting"  # updated by the rank as it changes roles; named in failures
+    device: torch.device = torch.device("cpu")  # bound before the default group exists (engine/devices.py)
+
+    def device_keys(self, timeout_s: float = 60.0) -> list[str]:
+        """Every rank's device ("host/cuda:3"), in global rank order, as each published it at start."""
+        keys = [f"libra/device/{r}" for r in range(self.world_size)]
+        self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        return [self.store.get(k).decode() for k in keys]
 
     def set_role(self, role: str) -> None:
         self.role = role
@@ -82,6 +91,10 @@ def _die_with_parent() -> None:
 
 
 def _init_dist(store: dist.Store, rank: int, world_size: int, info: DeviceInfo, timeout_s: float) -> None:
+    """Join the default group; the caller has bound this process's device already (NCCL/HCCL
+    communicators are created on the current device, so binding later would put every rank on
+    device 0). No `device_id` is passed: that would create the NCCL communicator eagerly, with
+    the CPU coordinator on device 0 beside worker 1."""
     dist.init_process_group(
         info.dist_backend,
         store=dist.PrefixStore("pg", store),
@@ -94,14 +107,15 @@ def _init_dist(store: dist.Store, rank: int, world_size: int, info: DeviceInfo, 
 def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q):
     _die_with_parent()
     os.setpgrp()  # our own process group, so teardown reaches tool subprocesses too
-    torch.set_num_threads(max(1, threads))
     logging.basicConfig(level=os.environ.get("LIBRA_LOG", "INFO"), format=f"%(asctime)s [rank {rank}] %(message)s",
                         datefmt="%H:%M:%S", force=True)
     status, payload = "ok", None
     try:
+        device = set_rank_device(info, rank, rank, threads=threads)
         store = connect_store("127.0.0.1", port, timeout_s)
+        store.set(f"libra/device/{rank}", device_key(device))
         _init_dist(store, rank, world_size, info, timeout_s)
-        ctx = RankContext(rank, world_size, store, Mailbox(store, rank), info, local_rank=rank)
+        ctx = RankContext(rank, world_size, store, Mailbox(store, rank), info, local_rank=rank, device=device)
         payload = target(ctx, *args)
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         status, payload = "error", (_ROLE[0], f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
@@ -195,14 +209,25 @@ def _kill_all(procs) -> None:
             p.join(timeout=10)
 
 
-def run_in_torchrun(target: Callable[..., Any], args: tuple, *, device_info: DeviceInfo, timeout_s: float = 120.0) -> Any:
-    """The child path for a process that torchrun started (RANK/WORLD_SIZE/MASTER_* set)."""
+def run_in_torchrun(target: Callable[..., Any], args: tuple, *, device_info: DeviceInfo, threads_per_rank: int = 1,
+                    timeout_s: float = 120.0) -> list[Any] | None:
+    """The child path for a process that torchrun started (RANK/WORLD_SIZE/MASTER_* set).
+
+    Returns every rank's result in rank order on global rank 0 (gathered over the default
+    group, as objects: gloo even beside nccl), None on the others, like `spawn` does for its parent.
+    A rank that raises exits non-zero and torchrun's agent stops the others.
+    """
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = set_rank_device(device_info, rank, local_rank, threads=threads_per_rank)
     store = store_from_env(rank, timeout_s)
+    store.set(f"libra/device/{rank}", device_key(device))
     _init_dist(store, rank, world_size, device_info, timeout_s)
-    ctx = RankContext(rank, world_size, store, Mailbox(store, rank), device_info, local_rank=local_rank)
+    ctx = RankContext(rank, world_size, store, Mailbox(store, rank), device_info, local_rank=local_rank, device=device)
     try:
-        return target(ctx, *args)
+        result = target(ctx, *args)
+        gathered = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        return gathered
     finally:
         dist.destroy_process_group()

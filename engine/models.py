@@ -10,12 +10,14 @@
   - a local HF causal-LM directory. A hub name without local files is a `ValueError` (no hub).
 
 Invariants (tests/test_models.py): `build_tiny(seed)` is deterministic (same weights, same
-tokenizer ids); the special strings encode to one token each; an unknown spec names the fix.
+tokenizer ids); the special strings encode to one token each; an unknown spec, a config.json that
+is not JSON and an unknown or non-causal model_type are one-line ValueErrors naming the fix.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -50,7 +52,7 @@ _TINY_CORPUS = [
 ]
 
 
-def _tiny_tokenizer():
+def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -87,7 +89,7 @@ def build_tiny(seed: int = 0):
     """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
     from transformers import Qwen2ForCausalLM
 
-    tokenizer = _tiny_tokenizer()
+    tokenizer = tiny_tokenizer()
     config = _tiny_config(tokenizer)
     gen = torch.random.fork_rng(devices=[])
     with gen:
@@ -174,31 +176,47 @@ def load_policy(spec: str, *, device="cpu", dtype=torch.float32, seed: int = 0):
         # SmolLM2's own template ignores tools: always use the Hermes text template
         tokenizer.libra_template = "hermes"
         return model, tokenizer
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return _load_dir(path, device=device, dtype=dtype)
-    raise ValueError(
-        f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
-        "there is no model hub here: download the checkpoint elsewhere and pass its local path"
-    )
+    return _load_dir(_local_dir(spec), device=device, dtype=dtype)
 
 
 def _resolve_dir(spec: str) -> Path:
     if spec == "smollm2":
         return smollm2_dir()
+    return _local_dir(spec)
+
+
+def _local_dir(spec: str) -> Path:
+    """`spec` as a local causal-LM directory, checked before any rank starts (one-line errors with the fix)."""
     path = Path(spec).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return path
-    raise ValueError(
-        f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
-        "there is no model hub here: download the checkpoint elsewhere and pass its local path"
-    )
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        raise ValueError(
+            f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
+            "there is no model hub here: download the checkpoint elsewhere and pass its local path"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--model {spec!r}: {path / 'config.json'} is not valid JSON ({exc}); "
+                         "fix the file or save the checkpoint again with save_pretrained") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ValueError(f"--model {spec!r}: config.json has model_type {model_type!r}, which transformers "
+                         f"{transformers.__version__} does not know; set a supported causal-LM model_type "
+                         "(e.g. llama, qwen2, qwen3, mistral) or install a transformers that has it")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"--model {spec!r}: model_type {model_type!r} has no causal-LM head in transformers "
+                         f"{transformers.__version__}; pass a decoder checkpoint (e.g. llama, qwen2, qwen3)")
+    return path
 
 
 def load_config(spec: str):
     """The model's HF config without loading weights (placement needs heads and widths)."""
     if spec == "tiny":
-        return _tiny_config(_tiny_tokenizer())
+        return _tiny_config(tiny_tokenizer())
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(_resolve_dir(spec))
@@ -207,7 +225,7 @@ def load_config(spec: str):
 def load_tokenizer(spec: str):
     """The tokenizer alone (the coordinator renders prompts and decodes samples)."""
     if spec == "tiny":
-        return _tiny_tokenizer()
+        return tiny_tokenizer()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_resolve_dir(spec))

@@ -16,6 +16,9 @@ Algorithm, one `step()`:
 Sampling draws from a per-request generator, so a request's tokens do not depend on which other
 requests share the batch. Log-probs are of the temperature-scaled distribution before top-p.
 
+Colocated runs (verl style) call `offload()` before training and `reload()` before the weight
+update, so the trainer gets the rollout's device memory while it trains.
+
 TP instances: every rank calls `step()` in lockstep; only the leader schedules, samples and
 talks to the env; `BatchRunner` broadcasts each KV op to the followers, which replay it.
 
@@ -36,6 +39,7 @@ import zlib
 import torch
 
 from engine.chat import IM_END, TOOL_CALL_CLOSE, has_tool_call, parse_tool_calls, render_tool_response
+from engine.devices import empty_cache
 from engine.rollout_runner import BatchRunner
 from engine.rollout_types import Finished, MigrationState, Progress, RolloutConfig, RolloutRequest, ToolReturned
 from engine.trajectory import Trajectory
@@ -104,6 +108,7 @@ class RolloutEngine:
         self._pending_weights: tuple[dict, int] | None = None
         self._pending_drops: list[str] = []
         self._leader_idle = True
+        self._offloaded = False
         self.eos_ids = self._eos_ids(tokenizer, model)
         close = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
         self._close_call_id = close[0] if len(close) == 1 else None
@@ -161,6 +166,26 @@ class RolloutEngine:
         futures = [s.future for s in self.seqs.values() if s.future is not None]
         if futures and not self.ready and not self.runner.rows:
             cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+
+    def offload(self) -> None:
+        """Give the device memory to a colocated trainer: drop the KV cache, move the weights to the host
+        (not for a TP-sharded model: its DTensor shards stay), return cached blocks. `reload` undoes it."""
+        assert self.idle and not self.runner.rows, "offload() with requests in flight; drain the engine first"
+        self.runner.cache = None
+        self.runner.parked.clear()
+        if self.runner.tp_group is None and self.runner.device.type != "cpu":
+            self.runner.model.to("cpu")
+            self._offloaded = True
+        empty_cache(self.runner.device)
+
+    def reload(self) -> None:
+        if self._offloaded:
+            self.runner.model.to(self.runner.device)
+            self._offloaded = False
+
+    @property
+    def offloaded(self) -> bool:
+        return self._offloaded
 
     def close(self) -> None:
         if self.pool is not None:
@@ -298,6 +323,7 @@ class RolloutEngine:
 
     def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[tuple[int, float]]:
         t = self.cfg.temperature
+        logits = logits.float()  # a bf16 policy (CUDA/NPU) samples and reports log-probs in fp32
         logp = torch.log_softmax(logits / t if t > 0 else logits, dim=-1)
         if t == 0:
             toks = logp.argmax(-1).tolist()

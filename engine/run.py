@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import checkpoint
-from engine.devices import DeviceInfo, detect
+from engine.devices import DeviceInfo, detect, rank_device
 from engine.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
 from runlog import RunWriter
 from scheduler.layout import RoleMap
@@ -73,7 +73,10 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
         return info, checkpoint.load(ckpt).role_map
     nproc = cfg.run.nproc or info.default_nproc()
     if info.kind != "cpu" and nproc > info.count:
-        raise ValueError(f"--nproc {nproc} but only {info.count} {info.kind} devices are visible; pass --nproc <= {info.count}")
+        # allowed (e.g. 2 ranks on one GPU to try a node): ranks share devices round-robin, their
+        # weight sync goes over gloo, and a trainer or TP group over a shared device is refused (groups.py)
+        log.warning("[libra] --nproc %d on %d %s device(s): ranks share devices; the sync among them uses gloo, "
+                    "and training and TP instances need one rank per device", nproc, info.count, info.kind)
     from scheduler.systems import initial_role_map
 
     role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
@@ -94,7 +97,7 @@ def placement_table(role_map: RoleMap, info: DeviceInfo, cfg) -> str:
         roles = " + ".join(role_map.roles_of(r))
         bucket = f"{inst.bucket} (<= {limits[inst.bucket]} tok)" if inst and limits[inst.bucket] else (inst.bucket if inst else "-")
         table.add_row(str(r), roles, bucket, str(inst.instance_id) if inst else "-", str(inst.tp) if inst else "-",
-                      str(info.torch_device(r)))
+                      str(rank_device(info, r + 1, r + 1)))
     console = Console(record=True, width=110)
     with console.capture() as cap:
         console.print(table)
@@ -111,14 +114,21 @@ class CoordinatorParts:
     spec: object
 
 
+def make_run_env(cfg):
+    """The run's env: the bench's, or `--env`, scored by `--reward` when given (envs/plugins.py)."""
+    from engine.preflight import run_env_kwargs
+    from envs.plugins import make_run_env as make
+
+    return make(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
+
+
 def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | None) -> CoordinatorParts:
     from engine.models import load_tokenizer
     from envs.demo import add_demo_turns
-    from envs.registry import make_env, scripted_agents
+    from envs.registry import scripted_agents
     from scheduler.systems import get_system, make_planner, make_router
 
-    env = make_env(cfg.run.bench, seed=cfg.run.seed, num_tasks=cfg.run.num_tasks or None, data_path=cfg.run.data or None,
-                   level=None if cfg.run.level < 0 else cfg.run.level, env_cfg=cfg.env)
+    env = make_run_env(cfg)
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
@@ -157,19 +167,21 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         ckpt = checkpoint.latest(out_dir)
         resume, handoff = checkpoint.load(ckpt), str(ckpt)
         log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume.step, resume.policy_version)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
-    log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
-             role_map.describe())
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun and int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
+                         f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
+    if not torchrun or int(os.environ["RANK"]) == 0:  # under torchrun every process runs this: rank 0 writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
+        log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
+                 role_map.describe())
     args = (cfg, role_map, str(out_dir), resume, handoff)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        if int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
-                             f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
-        result = run_in_torchrun(rank_main, args, device_info=info, timeout_s=cfg.launch.timeout_s)
-        if int(os.environ["RANK"]) != 0:
+    if torchrun:
+        results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
+                                  timeout_s=cfg.launch.timeout_s)
+        if results is None:  # not rank 0: the coordinator writes the summary
             return 0
-        results = [result]
     else:
         try:
             results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,

@@ -21,6 +21,8 @@ Algorithm of one `train_step(trajectories, policy_version)`:
      all zero (and no KL) carries no signal: its gradient is exactly zero, so the step runs no
      forward or backward at all (every rank decides alike from the same list) and the optimizer
      does not step, so weight decay and Adam's step count leave the weights exactly as they were.
+Precision (engine/precision.py): float32 everywhere on CPU; on CUDA/NPU float32 master weights
+and optimizer state with bf16 compute (FSDP2 mixed precision when sharded, autocast on one rank).
 
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
 change otherwise; loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
@@ -30,6 +32,7 @@ or a policy_version mismatch is refused.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -41,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.algos import group_advantages, kl_penalty, ppo_clip_loss, token_logprobs
+from engine.precision import Precision, autocast, fsdp_mp_policy, precision_for
 from engine.trainer_config import TrainerConfig
 from engine.trajectory import Trajectory
 
@@ -115,14 +119,15 @@ class Trainer:
     """GRPO on `model`, sharded with FSDP2 over `group` when it has more than one rank."""
 
     def __init__(self, model: nn.Module, cfg: TrainerConfig, *, group: dist.ProcessGroup | None = None,
-                 device: torch.device | str = "cpu", policy_version: int = 0):
+                 device: torch.device | str = "cpu", policy_version: int = 0, precision: Precision | None = None):
         self.cfg = cfg
         self.device = torch.device(device)
+        self.precision = precision or precision_for(self.device.type)  # bf16 compute, fp32 master on accelerators
         self.group = group
         self.num_ranks = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
         self.policy_version = policy_version
-        model = model.to(self.device)
+        model = model.to(self.device, dtype=self.precision.master_dtype)
         ref = copy.deepcopy(model) if cfg.kl_coef > 0 else None
         self.model = self._shard(model)
         self.model.train()
@@ -146,9 +151,16 @@ class Trainer:
         from torch.distributed.fsdp import fully_shard
 
         mesh = DeviceMesh.from_group(self.group, device_type=self.device.type)
+        policy = fsdp_mp_policy(self.precision)
+        kw = {"mesh": mesh, **({"mp_policy": policy} if policy is not None else {})}
         for layer in getattr(getattr(model, "model", None), "layers", []):
-            fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(layer, **kw)
+        return fully_shard(model, **kw)
+
+    def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        # sharded: FSDP2's policy casts; one rank: autocast (a no-op context on CPU)
+        with contextlib.nullcontext() if self.sharded else autocast(self.precision, self.device.type):
+            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
 
     # ---- the step ----------------------------------------------------------------------------
 
@@ -201,7 +213,7 @@ class Trainer:
 
     def _micro_step(self, batch: dict[str, torch.Tensor], policy_version: int, denoms: dict) -> dict[str, float]:
         cfg = self.cfg
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logits = self._forward(self.model, batch)
         logprobs = token_logprobs(logits, batch["targets"], cfg.temperature)
         mask = batch["mask"]
         old = batch["old_logprobs"]
@@ -214,7 +226,7 @@ class Trainer:
         kl = torch.zeros(())
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logits = self.ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+                ref_logits = self._forward(self.ref_model, batch)
                 ref_logprobs = token_logprobs(ref_logits, batch["targets"], cfg.temperature)
             kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
             loss = loss + cfg.kl_coef * kl

@@ -13,9 +13,12 @@ Algorithm:
 The receiver takes a `shard_fn(name, full_tensor) -> tensor` hook: identity for full replicas,
 the TP slice for tensor-parallel receivers (the seam for sharded receivers).
 
-Invariants (tests/test_weights.py): received tensors are bit-exact and carry the sender's
-version; a reader never observes a half-applied version; a manifest mismatch (another model)
-raises naming both hashes.
+The sender may cast floating tensors to the receiver's dtype bucket by bucket (`dtype=`): the
+trainer's fp32 master weights go to a bf16 rollout model without a full-size bf16 copy.
+
+Invariants (tests/test_weights.py, tests/test_precision.py): received tensors are bit-exact
+(after the cast, when one is asked for) and carry the sender's version; a reader never
+observes a half-applied version; a manifest mismatch (another model) raises naming both hashes.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class TensorSpec:
         return n
 
 
-def manifest(named: dict[str, torch.Tensor]) -> list[TensorSpec]:
-    return [TensorSpec(k, tuple(v.shape), v.dtype) for k, v in named.items()]
+def manifest(named: dict[str, torch.Tensor], cast: torch.dtype | None = None) -> list[TensorSpec]:
+    """Specs in state-dict order; `cast` replaces the dtype of floating tensors (what a cast send moves)."""
+    return [TensorSpec(k, tuple(v.shape), cast if cast is not None and v.is_floating_point() else v.dtype)
+            for k, v in named.items()]
 
 
 def manifest_hash(specs: list[TensorSpec]) -> int:
@@ -148,14 +153,15 @@ class WeightSender(_Endpoint):
         super().__init__(*args, **kw)
         self._flat: list[torch.Tensor] = []  # bucket buffers, reused: the broadcast returns only once sent
 
-    def send(self, named: dict[str, torch.Tensor], version: int) -> TransferStats:
+    def send(self, named: dict[str, torch.Tensor], version: int, *, dtype: torch.dtype | None = None) -> TransferStats:
+        """Broadcast `named` as `version`; `dtype` casts floating tensors per bucket (fp32 master -> bf16 rollout)."""
         t0 = time.perf_counter()
-        specs = manifest(named)
+        specs = manifest(named, dtype)
         total = sum(s.numel * s.dtype.itemsize for s in specs)
         self._header([version, manifest_hash(specs), total])
         for i, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
             flat = self._buffer(i, sum(s.numel for s in bucket), bucket[0].dtype)
-            torch.cat([named[s.name].detach().reshape(-1).to(self.device) for s in bucket], out=flat)
+            torch.cat([named[s.name].detach().reshape(-1).to(self.device, s.dtype) for s in bucket], out=flat)
             dist.broadcast(flat, src=self.src, group=self.group)
         return TransferStats(version, total, time.perf_counter() - t0)
 

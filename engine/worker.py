@@ -42,6 +42,7 @@ import torch.distributed as dist
 from engine import protocol as msg
 from engine.groups import GroupManager, Groups
 from engine.launch import RankContext
+from engine.precision import precision_for
 from engine.protocol import COORDINATOR, WORKER_OFFSET, to_global, to_worker
 from engine.weights import WeightReceiver, WeightSender, manifest
 
@@ -110,13 +111,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def offload_rollout_for_training(colocated: bool, device_type: str) -> bool:
+    """Colocated on an accelerator: free the rollout's KV and move its weights to the host while training.
+
+    On CPU both copies share one memory anyway, so there is nothing to gain from moving them.
+    """
+    return colocated and device_type in ("cuda", "npu")
+
+
+def _device_keys(ctx: RankContext, cfg) -> list[str] | None:
+    """Every rank's device, for the groups' backend choice; None on CPU (gloo everywhere)."""
+    return ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None
+
+
 class Worker:
     def __init__(self, ctx: RankContext, cfg, device: torch.device):
         self.ctx, self.cfg, self.device = ctx, cfg, device
+        self.precision = precision_for(device.type)  # bf16 rollout, fp32 master + bf16 compute on accelerators
         self.idx = to_worker(ctx.rank)  # worker index in role maps
         self.mailbox = ctx.mailbox
         self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size,
-                                       rank_offset=WORKER_OFFSET, timeout_s=cfg.launch.timeout_s)
+                                       rank_offset=WORKER_OFFSET, timeout_s=cfg.launch.timeout_s,
+                                       device_kind=ctx.device_info.kind, devices=_device_keys(ctx, cfg))
         self.groups: Groups | None = None
         self.link = ToolLink(self.mailbox, cfg.rollout.tool_timeout_s + 120.0)
         self.engine = None
@@ -140,10 +156,10 @@ class Worker:
             parts.append(f"rollout:{self.idx} (instance {i.instance_id}, {i.bucket} TP{i.tp})")
         return " + ".join(parts) or f"idle:{self.idx}"
 
-    def _load_model(self):
+    def _load_model(self, dtype: torch.dtype):
         from engine.models import load_policy
 
-        return load_policy(self.cfg.run.model, device=self.device, seed=self.cfg.run.seed)
+        return load_policy(self.cfg.run.model, device=self.device, dtype=dtype, seed=self.cfg.run.seed)
 
     def apply_role_map(self, role_map, handoff: str | None) -> None:
         self.groups = self.groups_mgr.apply(role_map)
@@ -164,7 +180,7 @@ class Worker:
             return  # same group: keep the live trainer (and its optimizer state)
         from engine.trainer import Trainer
 
-        model, _ = self._load_model()
+        model, _ = self._load_model(self.precision.master_dtype)
         group = self.groups.trainer if len(role_map.trainer_ranks) > 1 else None
         self.trainer = Trainer(model, self.cfg.trainer, group=group, device=self.device, policy_version=self.version)
         self.trainer_ranks = role_map.trainer_ranks
@@ -184,7 +200,7 @@ class Worker:
         self._close_engine()
         from engine.rollout import RolloutEngine
 
-        model, tokenizer = self._load_model()
+        model, tokenizer = self._load_model(self.precision.rollout_dtype)
         self.specs = manifest(model.state_dict())
         tp_group = self.groups.tp.get(inst.instance_id)
         if tp_group is not None:
@@ -325,6 +341,8 @@ class Worker:
 
     def _train(self, train: msg.Train) -> None:
         t0 = time.perf_counter()
+        if self.engine is not None and offload_rollout_for_training(self.groups.role_map.colocated, self.device.type):
+            self.engine.offload()  # colocated: the trainer gets the rollout's KV and weight memory back
         metrics = self.trainer.train_step(train.trajectories, train.policy_version)
         if self.idx == self.trainer_ranks[0]:
             metrics["train/wall_s"] = time.perf_counter() - t0
@@ -336,20 +354,25 @@ class Worker:
         rm = self.groups.role_map
         named = self.trainer.full_state_dict() if self.trainer is not None else None
         if rm.colocated:
+            self.engine.reload()  # back on the device (a no-op unless offloaded for training)
             self.engine.set_weights(named, version)
         elif self.idx == rm.trainer_ranks[0] and self.groups.sync is not None:
             WeightSender(self.groups.sync, self.groups.sync_src, bucket_size_mb=self.cfg.sync.bucket_size_mb,
-                         device=self.device).send(named, version)
+                         device=self._sync_device()).send(named, version, dtype=self.precision.rollout_dtype)
         elif self.engine is not None:
             if self.receiver is None or self.receiver.group is not self.groups.sync:  # new groups: new receiver
                 self.receiver = WeightReceiver(self.groups.sync, self.groups.sync_src, self.specs,
-                                               bucket_size_mb=self.cfg.sync.bucket_size_mb, device=self.device)
+                                               bucket_size_mb=self.cfg.sync.bucket_size_mb, device=self._sync_device())
             self.receiver.recv()
             got_version, tensors = self.receiver.weights.read()  # applied at the engine's next step
             self.engine.set_weights(tensors, got_version)
         self.version = version
         if self.tp_leader or (self.trainer is not None and self.idx == rm.trainer_ranks[0]):
             self.mailbox.send(COORDINATOR, msg.Synced(self.idx, version, time.perf_counter() - t0))
+
+    def _sync_device(self) -> torch.device:
+        """Weight buffers live on the device, except in a gloo-only sync group (ranks sharing a GPU): host."""
+        return torch.device("cpu") if self.groups.sync_backend == "gloo" else self.device
 
     def _save(self, path: str) -> None:
         state = self.trainer.state_dict()  # collective over the trainer group
@@ -363,10 +386,7 @@ class Worker:
 
 
 def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None, out_dir: str | None = None) -> dict:
-    from engine.devices import set_rank_device
-
-    device = set_rank_device(ctx.device_info, ctx.local_rank - 1 if ctx.local_rank else 0, threads=cfg.launch.threads_per_rank)
     ctx.set_role(f"worker:{to_worker(ctx.rank)}")
-    worker = Worker(ctx, cfg, device)
+    worker = Worker(ctx, cfg, ctx.device)  # bound by the launcher before the default group existed
     worker.rank_file = Path(out_dir) / "ranks" / f"rank{ctx.rank}.json" if out_dir else None
     return worker.run(role_map, handoff)

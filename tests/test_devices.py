@@ -35,3 +35,28 @@ def test_accelerator_backends_keep_gloo_for_cpu_tensors():
     assert DeviceInfo("cuda", 8).dist_backend == "cpu:gloo,cuda:nccl"
     assert DeviceInfo("npu", 8).dist_backend == "cpu:gloo,npu:hccl"
     assert DeviceInfo("cuda", 8).default_nproc() == 8
+
+
+# ---- per-rank device and per-group backend: decided the same way on CPU as on a GPU node --------
+from engine.devices import check_compute_group, group_backend, rank_device, rank_device_index  # noqa: E402
+
+
+def test_coordinator_stays_on_cpu_and_workers_take_devices_in_order():
+    # our launcher / single-node torchrun: local rank == global rank, rank 0 coordinates
+    assert [rank_device_index(r, r) for r in range(5)] == [None, 0, 1, 2, 3]
+    # a second node of a multi-node torchrun (global ranks 9..16, no coordinator there)
+    assert [rank_device_index(9 + lr, lr) for lr in range(3)] == [0, 1, 2]
+    cuda = DeviceInfo("cuda", 2)
+    assert [str(rank_device(cuda, r, r)) for r in range(5)] == ["cpu", "cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert {str(rank_device(DeviceInfo("cpu", 2), r, r)) for r in range(4)} == {"cpu"}
+
+
+def test_backend_per_group():
+    assert group_backend("cuda", ["h/cuda:0", "h/cuda:1"]) is None  # default: cpu:gloo,cuda:nccl
+    assert group_backend("npu", ["h/npu:0", "h2/npu:0"]) is None  # same index on another host is another device
+    assert group_backend("cuda", ["h/cuda:0", "h/cuda:0"]) == "gloo"
+    assert group_backend("cpu", ["h/cpu", "h/cpu"]) is None
+    check_compute_group("cuda", ["h/cuda:0", "h/cuda:1"], "trainer")
+    check_compute_group("cpu", ["h/cpu", "h/cpu"], "trainer")
+    with pytest.raises(ValueError, match=r"TP2 would put 2 ranks on 1 device\(s\) \(h/cuda:3 shared\)"):
+        check_compute_group("cuda", ["h/cuda:3", "h/cuda:3"], "TP2")

@@ -97,3 +97,35 @@ def test_unchanged_groups_are_kept_and_changed_ones_rebuilt():
     out = spawn(_keep_unchanged, 4, device_info=CPU, timeout_s=30)
     assert [same for same, _ in out] == [True, True, True, True]  # (None is None on non-members)
     assert [rebuilt_same for _, rebuilt_same in out] == [False, False, False, False]
+
+
+# ---- ranks that share a device (what NCCL refuses), decided on gloo with fake device keys --------
+
+def _shared_device(ctx, devices):
+    mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=30,
+                       device_kind="cuda", devices=devices)
+    one_trainer = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)), buckets=BUCKETS, version=1)
+    g = mgr.apply(one_trainer)
+    _check_sum(g.sync, (0, 1, 2), ctx.rank)  # a gloo-only group still sums over its members
+    backend = g.sync_backend
+    two_trainers = split_role_map(world_size=3, num_trainer=2, rollout_tp=(("short", 1),), buckets=BUCKETS, version=2)
+    try:
+        mgr.apply(two_trainers)
+    except ValueError as exc:
+        return backend, str(exc)
+    finally:
+        mgr.destroy()
+    return backend, None
+
+
+def test_a_sync_group_over_a_shared_gpu_is_gloo_and_a_shared_trainer_group_is_refused():
+    shared = ["node/cuda:0", "node/cuda:0", "node/cuda:1"]
+    out = spawn(_shared_device, 3, (shared,), device_info=CPU, timeout_s=60)
+    assert [backend for backend, _ in out] == ["gloo"] * 3
+    assert all(err and "the trainer group [0, 1] would put 2 ranks on 1 device(s) (node/cuda:0 shared)" in err
+               and "--system static" in err for _, err in out), out  # every rank raises alike: nobody hangs
+
+
+def test_distinct_gpus_keep_the_default_backend():
+    out = spawn(_shared_device, 3, (["node/cuda:0", "node/cuda:1", "node/cuda:2"],), device_info=CPU, timeout_s=60)
+    assert out == [(None, None)] * 3
