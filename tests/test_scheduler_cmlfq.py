@@ -187,3 +187,17 @@ def test_causal_move_held_when_the_target_is_crowded():
     r.on_finish("crowd", 5000, 5.0)
     d = r.on_tool_return("a", FAIL, 320, 6.0)  # the crowd left: same evidence, now it moves
     assert (d.action, d.bucket) == ("migrate", "long")
+
+
+def test_demotion_held_when_the_target_is_crowded_then_taken():
+    r = CMLFQRouter(CFG)
+    r.set_layout(_layout(), 0.0)
+    r.admit("big", "p", 100, 0.0)
+    r.on_decode("big", 8000, 1.0)  # demoted: long holds 4000/device against 8000 here
+    assert r.route_of("big").bucket == "long" and r.num_demotions == 1
+    r.admit("a", "p", 100, 1.0)
+    d = r.on_decode("a", 1001, 2.0)  # over short's limit, but long would hold 4500/device vs 1001 here
+    assert (d.action, d.bucket) == ("stay", "short") and (r.num_load_holds, r.num_demotions) == (1, 1)
+    r.on_finish("big", 8000, 3.0)
+    d = r.on_decode("a", 1100, 4.0)  # the crowd left: the safety net demotes it now
+    assert (d.action, d.bucket, d.reason) == ("migrate", "long", "demote tokens=1100>1000")
