@@ -49,14 +49,15 @@ from loggers import MetricLoggers
 from runlog import RunWriter, summarize
 from scheduler import stepcore as core
 from scheduler.layout import RoleMap
+from scheduler.systems import lookahead_of
 
 log = logging.getLogger(__name__)
 
 
 def core_config(cfg, spec) -> core.CoreConfig:
     """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction."""
-    lookahead = 0 if spec.colocated or not spec.async_pipeline else cfg.step.max_staleness
-    return core.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness, lookahead=lookahead,
+    return core.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
+                           lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
                            checkpoint_every=cfg.step.checkpoint_every)
 
 

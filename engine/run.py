@@ -140,7 +140,7 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | Non
     remaining = cfg.run.steps - (resume.step if resume else 0)
     planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg))
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
-                           current=role_map, buckets=cfg.buckets)
+                           current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
                             get_system(cfg.run.system))
 

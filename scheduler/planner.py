@@ -9,21 +9,23 @@ Algorithm, per `on_step_end(stats, now)`:
    switch (the pipeline filling, mixed layouts) neither calibrate nor trigger, unless their
    rollout/train ratio is more than 2x outside `ratio_band` (overlap cannot explain that).
 2. Calibration: `Scales` (rollout, train) are EMAs of measured/predicted times on the layout that
-   ran; measured rollout per step is min(batch critical path, step period), because overlapping
-   batches share devices.
-3. Trigger: every `interval_steps` steps, or at once when rollout/train leaves `ratio_band`;
-   never before `min_history_trajectories` trajectories have finished; a skipped trainer step
-   (train_s = 0) measures nothing.
-4. Apply only if current/new >= 1 + `min_gain_ratio`, the gain per step x remaining steps exceeds
-   the reconfiguration cost, and, on a ratio trigger, the plan does not take ranks from the stage
-   the clock says is short.
+   ran; rollout is a batch's critical path (admission to last finish), what the model predicts
+   before the pipeline overlaps batches (`layout_search.pipeline_step_s`).
+3. Trigger: every `interval_steps` steps, or at once when rollout per step (the critical path, at
+   most the step period) / train leaves `ratio_band`; never before `min_history_trajectories`
+   trajectories have finished; a skipped trainer step (train_s = 0) measures nothing.
+4. On a ratio trigger the search only considers splits that do not take ranks from the stage
+   the clock says is short (an uncalibrated model can contradict the clock; the buckets may
+   still be re-planned at the same split). Apply only if current/new >= 1 + `min_gain_ratio`
+   and the gain per step x remaining steps exceeds the reconfiguration cost.
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
-steps leave the calibration alone and trigger only far outside the band; a plan against the
-measured bottleneck is refused; a gain that cannot pay for the switch is refused.
+steps leave the calibration alone and trigger only far outside the band; no plan takes ranks
+from the measured bottleneck; a gain that cannot pay for the switch is refused; the step model
+counts the pipeline's overlap.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class PlannerConfig:
 
 class GlobalPlanner:
     def __init__(self, cfg: PlannerConfig | None, cost_model: CostModel, world_size: int, remaining_steps: int,
-                 current: RoleMap | None = None, buckets: BucketsConfig | None = None) -> None:
+                 current: RoleMap | None = None, buckets: BucketsConfig | None = None, lookahead: int = 1) -> None:
+        """`lookahead`: batches the step core admits ahead of the trainer (0: synchronous)."""
         if world_size < 2:
             raise ValueError(f"GlobalPlanner: world_size={world_size} must be >= 2 (one trainer + one rollout device)")
         self.cfg, self.cm, self.world_size = cfg or PlannerConfig(), cost_model, world_size
@@ -98,7 +101,7 @@ class GlobalPlanner:
                                    allowed_tp=self.cfg.allowed_tp, max_batch=self.cfg.max_batch,
                                    max_seqs_per_device=self.cfg.max_seqs_per_device,
                                    min_tp=cost_model.min_rollout_tp() if check else 1,
-                                   min_train=cost_model.min_train_devices() if check else 1)
+                                   min_train=cost_model.min_train_devices() if check else 1, lookahead=lookahead)
         self._history: list[StepStats] = []
         self._steps_since_plan = 0
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
@@ -131,7 +134,7 @@ class GlobalPlanner:
         settled = self._steps_on_layout > self.cfg.settle_steps  # a filling pipeline or a switch mixes loads
         rollout_s = self.rollout_per_step_s(stats, now)
         if settled:
-            self._calibrate(stats, rollout_s)
+            self._calibrate(stats)
         ratio = rollout_s / stats.train_s if stats.train_s > 0 else math.nan  # no training time: no measurement
         lo, hi = self.cfg.ratio_band
         drift = stats.train_s > 0 and not lo <= ratio <= hi
@@ -161,21 +164,24 @@ class GlobalPlanner:
         return min(stats.rollout_s, period)
 
     # ---- decisions ---------------------------------------------------------------------------
-    def _best(self, wl: Workload) -> Choice:
-        fixed = len(self.current.rollout_ranks) if (self.current and not self.cfg.allow_realloc) else None
-        return self.search.best(wl, self.scales, current=self.current, fixed_rollout=fixed)
+    def _best(self, wl: Workload, starved: str | None = None) -> Choice:
+        """The best layout; the split is kept without realloc, and never shrinks the `starved` stage."""
+        lo, hi = 1, self.world_size - 1
+        if self.current is not None:
+            cur = len(self.current.rollout_ranks)
+            if not self.cfg.allow_realloc:
+                lo = hi = cur
+            elif starved == "rollout":
+                lo = cur
+            elif starved == "train":
+                hi = cur
+        return self.search.best(wl, self.scales, current=self.current, rollout_range=(lo, hi))
 
     def _maybe_apply(self, wl: Workload, why: str, starved: str | None = None) -> PlanDecision | None:
-        best = self._best(wl)
+        best = self._best(wl, starved)
         cur_s = self.search.predict(self.current, wl, self.scales)[0]
         role_map = self.search.build(best, self.current)
         moved = num_moved(self.current, role_map)
-        grow = len(role_map.rollout_ranks) - len(self.current.rollout_ranks)
-        if (starved == "rollout" and grow < 0) or (starved == "train" and grow > 0):
-            # an uncalibrated model can contradict the clock (e.g. a trainer that skipped a step): trust the clock
-            logger.info("plan kept (%s): %s is the measured bottleneck but the model's best plan gives it fewer ranks",
-                        why, starved)
-            return None
         reconfig = self.cm.reconfig_s(moved)
         gain = cur_s - best.step_s
         if moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
@@ -184,14 +190,14 @@ class GlobalPlanner:
         self.current, self._steps_on_layout = role_map, 0
         return self._decision(best, role_map, cur_s, moved, why)
 
-    def _calibrate(self, stats: StepStats, rollout_s: float) -> None:
+    def _calibrate(self, stats: StepStats) -> None:
         rm = stats.role_map or self.current
         if rm is None or rm.colocated or not stats.trajectory_tokens:
             return
         _, pred_r, pred_t = self.search.predict(rm, Workload.from_stats([stats]), Scales())
         a = self.cfg.scale_ema
-        if rollout_s > 0 and pred_r > 0:
-            self.scales.rollout = (1 - a) * self.scales.rollout + a * min(1e3, max(1e-3, rollout_s / pred_r))
+        if stats.rollout_s > 0 and pred_r > 0:
+            self.scales.rollout = (1 - a) * self.scales.rollout + a * min(1e3, max(1e-3, stats.rollout_s / pred_r))
         if stats.train_s > 0 and pred_t > 0:
             self.scales.train = (1 - a) * self.scales.train + a * min(1e3, max(1e-3, stats.train_s / pred_t))
 

@@ -145,12 +145,20 @@ def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | No
     return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=rollout, buckets=layout_buckets)
 
 
+def lookahead_of(system: str, max_staleness: int) -> int:
+    """Steps the step core admits ahead of the trainer: `max_staleness` when rollout overlaps training."""
+    spec = get_system(system)
+    return max_staleness if spec.async_pipeline and not spec.colocated else 0
+
+
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,
                  cfg: PlannerConfig | None = None, current: RoleMap | None = None,
-                 buckets: BucketsConfig | None = None) -> GlobalPlanner | None:
-    """The system's planner (None when it has none), its flags forced from the system spec."""
+                 buckets: BucketsConfig | None = None, max_staleness: int = 1) -> GlobalPlanner | None:
+    """The system's planner (None when it has none), its flags forced from the system spec and its
+    step model told how far the pipeline runs ahead (`lookahead_of`)."""
     spec = get_system(system)
     if not spec.planner:
         return None
     cfg = dataclasses.replace(cfg or PlannerConfig(), heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
-    return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current, buckets=buckets)
+    return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current, buckets=buckets,
+                         lookahead=lookahead_of(system, max_staleness))

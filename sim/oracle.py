@@ -8,8 +8,8 @@ It is the yardstick every system is compared with (simulation only). The oracle
    length), so it never migrates and never re-prefills,
 3. and runs with free weight sync and free reconfiguration (it knows what to prefetch).
 `sim/run.py` plays this schedule over several layouts (libra's planner, a homogeneous planner,
-a fixed split, colocation) and keeps the fastest, so the oracle is the best clairvoyant schedule
-we know, not a proof of optimality.
+a fixed split, colocation), and libra's own schedule beside them, and keeps the fastest, so the
+oracle is the best schedule we know, not a proof of optimality.
 
 Invariants (tests/test_sim_oracle.py, tests/test_sim_run.py): the oracle never migrates; no system's throughput beats
 the oracle's on the same workload and seed.

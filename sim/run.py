@@ -4,10 +4,13 @@ Algorithm of `simulate(cfg, system)`:
 1. cost model = `scheduler.costmodel.get_cost_model(cfg.hardware, cfg.model)`; workload = the
    bench profile (with `cfg.workload_overrides`) or a recorded trace (`cfg.trace_dir`).
 2. router, planner and initial role map come from `scheduler/systems.py` exactly as the real
-   runtime builds them; `oracle` keeps the fastest of its candidate schedules, each with the
-   clairvoyant router of `sim/oracle.py`, longest-first admission, free sync and free
-   reconfiguration: the planners/pipelines of `ORACLE_BASES` and, in `compare`, every layout
-   another system ran on (held fixed; the oracle knows the workload, so it needs no planner).
+   runtime builds them; `oracle` keeps the fastest of its candidate schedules: the clairvoyant
+   router of `sim/oracle.py` with longest-first admission, free sync and free reconfiguration
+   over the planners/pipelines of `ORACLE_BASES` and, in `compare`, over every layout another
+   system ran on (held fixed; the oracle knows the workload, so it needs no planner), and
+   libra's own schedule as it is: the greedy clairvoyant placement is a heuristic that C-MLFQ
+   can beat on a small run, and the yardstick is the best schedule known (free sync alone does
+   not make a schedule faster: it shifts every later routing decision).
 3. `sim/cluster.py` plays S steps through the runtime's own step core, which writes DESIGN.md's
    metrics rows; `runlog.summarize` turns them into the summary (reward: `sim/reward.py`'s model).
 `compare` runs every system on the same workload and seed and writes compare.json/compare.png.
@@ -92,7 +95,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     spec = sysmod.get_system(system)
     if real is not None:
         planner = sysmod.make_planner(system, real.role_map.world_size, cost, cfg.steps, cfg=real.planner,
-                                      current=real.role_map, buckets=real.buckets)
+                                      current=real.role_map, buckets=real.buckets, max_staleness=cfg.max_staleness)
         return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
                            is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False)
     limits = _bucket_limits(cfg)
@@ -106,7 +109,8 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     cap = dict(max_seqs_per_device=cfg.max_seqs_per_device, max_batch=max(256, cfg.max_seqs_per_device * 8))
     pcfg = PlannerConfig(**cap)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
-    planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets)
+    planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
+                                  max_staleness=cfg.max_staleness)
     router = OracleRouter(cost, cfg.max_seqs_per_device) if clairvoyant else sysmod.make_router(system, rcfg)
     return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
                        colocated=bool(role_map.colocated), oracle=clairvoyant)
@@ -119,6 +123,7 @@ ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate")
 
 def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None,
           real: RealSetup | None = None):
+    """One schedule; `clairvoyant`: the oracle's router, longest-first admission, free sync and reconfiguration."""
     parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
     if fixed is not None:
         parts = SystemParts(router=parts.router, planner=None, role_map=fixed, is_async=not fixed.colocated,
@@ -145,14 +150,15 @@ def layouts_used(layouts: list[RoleMap]) -> list[RoleMap]:
     return [most] if _layout_key(most) == _layout_key(last) else [most, last]
 
 
-def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None]]:
+def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None, bool]]:
+    """(base system, fixed layout or None, clairvoyant router) of each schedule `system` tries."""
     if system != ORACLE:
-        return [(system, None)]
-    seen, out = set(), [(b, None) for b in ORACLE_BASES]
+        return [(system, None, False)]
+    seen, out = set(), [(b, None, True) for b in ORACLE_BASES] + [("libra", None, False)]
     for rm in extra_layouts:
         if _layout_key(rm) not in seen:
             seen.add(_layout_key(rm))
-            out.append(("libra", rm))
+            out.append(("libra", rm, True))
     return out
 
 
@@ -169,10 +175,11 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
     best = None
-    for base, fixed in _candidates(system, oracle_layouts):
-        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=system == ORACLE, fixed=fixed, real=real)
+    for base, fixed, clairvoyant in _candidates(system, oracle_layouts):
+        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=clairvoyant, fixed=fixed, real=real)
         if best is None or sim.rows[-1]["time_s"] < best[2].rows[-1]["time_s"]:
-            best = (layouts, parts, sim, base if fixed is None else "fixed " + fixed.describe())
+            source = base if fixed is None else "fixed " + fixed.describe()
+            best = (layouts, parts, sim, source if clairvoyant or system != ORACLE else source + " (own router)")
     layouts, parts, sim, source = best
     tracker = RewardTracker(curve, cfg.staleness_penalty)
     # the simulator trains nothing: its reward is the documented model of training progress

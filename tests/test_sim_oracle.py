@@ -1,6 +1,7 @@
 """sim/oracle.py: the oracle places each trajectory once where it finishes first and never
 migrates; no system's throughput beats the oracle's on the same workload and seed (the swe case
-is in tests/test_sim_run.py, other workloads here)."""
+is in tests/test_sim_run.py, other workloads here); the oracle migrates only when libra's own
+schedule is the best one known."""
 
 import pytest
 
@@ -50,4 +51,5 @@ def test_no_system_beats_the_oracle_on_other_workloads(bench, seed):
     cfg = SMALL.replace(bench=bench, seed=seed)
     systems = compare(cfg, ["libra", "colocate", "static", "la_mlfq", "oracle"], None)["systems"]
     assert max(s["tokens_per_s"] for s in systems.values()) == systems["oracle"]["tokens_per_s"]
-    assert systems["oracle"]["migrations"] == 0
+    oracle = systems["oracle"]
+    assert oracle["migrations"] == 0 or oracle["oracle_schedule_from"] == "libra (own router)"  # C-MLFQ's own best

@@ -52,7 +52,8 @@ def test_no_system_beats_the_oracle_and_the_oracle_never_migrates(small_compare)
     systems = small_compare[0]["systems"]
     best = systems["oracle"]["tokens_per_s"]
     assert all(s["tokens_per_s"] <= best * (1 + 1e-9) for s in systems.values())
-    assert systems["oracle"]["migrations"] == 0
+    # the clairvoyant router never migrates; only libra's own schedule, when it is the best known, does
+    assert systems["oracle"]["migrations"] == 0 or systems["oracle"]["oracle_schedule_from"] == "libra (own router)"
     assert systems["oracle"]["vs_oracle"] == 1.0
 
 
