@@ -11,9 +11,10 @@ Algorithm, per `on_step_end(stats, now)`:
 2. Calibration: `Scales` (rollout, train) are EMAs of measured/predicted times on the layout that
    ran; rollout is a batch's critical path (admission to last finish), what the model predicts
    before the pipeline overlaps batches (`layout_search.pipeline_step_s`).
-3. Trigger: every `interval_steps` steps, or at once when rollout per step (the critical path, at
-   most the step period) / train leaves `ratio_band`; never before `min_history_trajectories`
-   trajectories have finished; a skipped trainer step (train_s = 0) measures nothing.
+3. Trigger: as soon as `min_history_trajectories` trajectories have finished (the first layout
+   was chosen before any length was seen), then every `interval_steps` steps, or at once when
+   rollout per step (the critical path, at most the step period) / train leaves `ratio_band`;
+   never before that first sample; a skipped trainer step (train_s = 0) measures nothing.
 4. On a ratio trigger the search only considers splits that do not take ranks from the stage
    the clock says is short (an uncalibrated model can contradict the clock; the buckets may
    still be re-planned at the same split). Apply only if current/new >= 1 + `min_gain_ratio`
@@ -106,6 +107,7 @@ class GlobalPlanner:
         self._steps_since_plan = 0
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
         self._last_now: float | None = None
+        self._sampled = False  # a plan has been weighed on a measured length sample
 
     @property
     def rollout_scale(self) -> float:
@@ -123,7 +125,7 @@ class GlobalPlanner:
         role_map = self.search.build(best, self.current)
         cur_s = self.search.predict(self.current, wl, self.scales)[0] if self.current else best.step_s
         moved = num_moved(self.current, role_map)
-        self.current, self._steps_since_plan, self._steps_on_layout = role_map, 0, 0
+        self.current, self._steps_since_plan, self._steps_on_layout, self._sampled = role_map, 0, 0, True
         return self._decision(best, role_map, cur_s, moved, "initial plan")
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
@@ -141,16 +143,19 @@ class GlobalPlanner:
         far = not lo / 2 <= ratio <= 2 * hi  # two overlapping batches can at most double a batch's rollout
         if sum(len(s.trajectory_tokens) for s in self._history) < self.cfg.min_history_trajectories:
             return None  # too small a length sample misjudges the tail
-        if self._steps_since_plan < self.cfg.interval_steps and not (drift and (settled or far)):
+        first = not self._sampled  # the first layout was a guess made before any length was seen
+        if self._steps_since_plan < self.cfg.interval_steps and not (drift and (settled or far)) and not first:
             return None
         if not any(s.trajectory_tokens for s in self._history):
             return None
-        self._steps_since_plan = 0
+        self._steps_since_plan, self._sampled = 0, True
         wl = Workload.from_stats(self._history)
         if self.current is None:
             return self.plan(wl)
-        starved = ("rollout" if ratio > hi else "train") if drift else None  # the stage the clock says is short
-        return self._maybe_apply(wl, f"ratio={ratio:.2f}" + (" outside band" if drift else " periodic"), starved)
+        believed = drift and (settled or far)  # a filling pipeline's ratio says nothing about the bottleneck
+        starved = ("rollout" if ratio > hi else "train") if believed else None  # the stage the clock says is short
+        why = " outside band" if believed else " first length sample" if first else " periodic"
+        return self._maybe_apply(wl, f"ratio={ratio:.2f}" + why, starved)
 
     def rollout_per_step_s(self, stats: StepStats, now: float) -> float:
         """Rollout seconds one step costs the pipeline: the batch's critical path, at most the step period.

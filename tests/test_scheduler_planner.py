@@ -1,5 +1,6 @@
 """Global planner: valid plans for any G, direction of the split, TP for the tail, hysteresis, triggers."""
 
+import dataclasses
 import random
 
 import pytest
@@ -292,3 +293,18 @@ def test_decode_fraction_shrinks_the_tail_and_device_cap_limits_tp1_batches():
     # a quarter of the tokens decoded, the rest prefilled (~100x faster per token): about 1/4 the tail
     ratio = p.search.tail_s(d_quarter, 4, 8, 0.0) / p.search.tail_s(d_full, 4, 8, 0.0)
     assert 0.25 < ratio < 0.3
+
+
+def test_the_first_length_sample_is_weighed_even_inside_the_band():
+    # The first layout is a guess made before any length was seen (systems.initial_role_map): the
+    # first step with enough finished trajectories weighs a plan although its ratio is in the band.
+    from scheduler.systems import initial_role_map
+
+    lens = _lengths(6, 128, 1500, 1.5, 16000)
+    guess = initial_role_map("libra", 32, cost_model=GPU)
+    p = GlobalPlanner(PlannerConfig(interval_steps=100, settle_steps=0), GPU, 32, 1000, current=guess)
+    balanced = StepStats(step=0, rollout_s=10.0, train_s=10.0, trajectory_tokens=lens, train_tokens=int(1e5),
+                         role_map=guess)
+    d = p.on_step_end(balanced, 1e4)
+    assert d is not None and "first length sample" in d.reason
+    assert p.on_step_end(dataclasses.replace(balanced, step=1, role_map=d.role_map), 2e4) is None  # once only
