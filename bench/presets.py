@@ -8,7 +8,11 @@
 - `paper_910b3_160(bench)`: the later version's 160 x Ascend 910B3 NPUs, Qwen3-14B, 64 x 8.
 - `ablation(bench)`: the 48 x A800 setup; run it with `ABLATION_SYSTEMS`.
 - `scale_1024()`: 1,024 devices, 100 steps: the simulator-speed benchmark.
-- `training_heavy(bench)` / `zero_tail(bench)` / `heavy_tail(bench)`: the sanity scenarios.
+- scenarios the scheduler must handle (`SCENARIOS`, run together by `python -m bench.sim_compare
+  --scenarios`): `training_heavy` (the planner must give training devices), `zero_tail` (no
+  tail: C-MLFQ has nothing to exploit), `heavy_tail` (a lognormal tail twice as wide in log space
+  as the default), `pareto_tail` (a power-law tail, p99/median ~26x), `length_drift` (training
+  heavy at first, then trajectories grow 4x: the planner moves devices to training, then back).
 
 Batch sizes and step counts are ours (the paper's exact batch sizes are not reproduced); the
 workloads' tails follow its p99 ~10x median figure (see sim/workload.py).
@@ -60,6 +64,20 @@ def heavy_tail(bench: str = "swe", seed: int = 0) -> SimConfig:
                      workload_overrides=(("tail_sigma", 1.5 * TAIL_SIGMA_P99_10X), ("drift", 0.0)))
 
 
+def pareto_tail(bench: str = "swe", seed: int = 0) -> SimConfig:
+    """A Pareto(1.2) tail: the longest trajectories are far longer than any lognormal's."""
+    return SimConfig(bench=bench, num_devices=16, steps=6, prompts_per_step=16, samples_per_prompt=8, seed=seed,
+                     workload_overrides=(("tail_shape", "pareto"), ("tail_alpha", 1.2), ("drift", 0.0)))
+
+
+def length_drift(bench: str = "swe", seed: int = 0) -> SimConfig:
+    """Four trainer passes make the first steps training-bound; lengths then grow 4x over the run."""
+    return SimConfig(bench=bench, num_devices=16, steps=12, prompts_per_step=16, samples_per_prompt=8, train_epochs=4,
+                     seed=seed, workload_overrides=(("drift", 3.0),))
+
+
+SCENARIOS = ("training_heavy", "zero_tail", "heavy_tail", "pareto_tail", "length_drift")
+
 PRESETS = {
     "default": default_sim,
     "paper_a800_48": paper_a800_48,
@@ -69,6 +87,8 @@ PRESETS = {
     "training_heavy": training_heavy,
     "zero_tail": zero_tail,
     "heavy_tail": heavy_tail,
+    "pareto_tail": pareto_tail,
+    "length_drift": length_drift,
 }
 
 

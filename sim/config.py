@@ -32,7 +32,7 @@ class SimConfig:
     dataset_prompts: int = 64  # distinct prompts in the dataset; they recur every epoch
     train_epochs: int = 1  # passes of the trainer over each batch (raises the training share)
     seed: int = 0  # seeds the workload; the same seed gives every system the same trajectories
-    workload_overrides: tuple[tuple[str, float], ...] = ()  # (field, value) applied to the profile
+    workload_overrides: tuple[tuple[str, float | str], ...] = ()  # (field, value) applied to the profile
     trace_dir: str | None = None  # replay trajectories.jsonl from this run dir instead of sampling
     profile: str | None = None  # a measured HardwareProfile (python -m bench.profile) instead of hardware/model
     staleness_penalty: float = 0.1  # reward model: fraction of a step lost per step of staleness

@@ -6,10 +6,12 @@ never looks inside a spec except to play it out, so a recorded trace (`sim/trace
 in for a synthetic workload.
 
 Algorithm (per trajectory):
-1. Draw a latent difficulty `L = exp(tail_sigma * z)`, z ~ N(0, 1), capped at `max_difficulty`.
-   With `tail_sigma = ln(10) / 2.326 ~= 0.99` the p99 of L is ~10x its median, the figure the
-   Libra paper and RollPacker/APRIL report for agentic rollouts (p99 ~10x median; the last 10% of
-   requests take up to half of the rollout time).
+1. Draw a latent difficulty from z ~ N(0, 1), capped at `max_difficulty`: `tail_shape`
+   "lognormal" gives `L = exp(tail_sigma * z)`; with `tail_sigma = ln(10) / 2.326 ~= 0.99` the
+   p99 of L is ~10x its median, the figure the Libra paper and RollPacker/APRIL report for
+   agentic rollouts (p99 ~10x median; the last 10% of requests take up to half of the rollout
+   time). "pareto" maps the same z through its quantile to a Pareto(`tail_alpha`) of median 1
+   (p99/median = 50^(1/alpha): 26x at alpha 1.2), a power-law tail far heavier at the top.
 2. Samples of one prompt share part of their difficulty (`prompt_share`): hard prompts are hard
    for the whole GRPO group.
 3. Turns = base_turns * L^turn_exponent, tokens per turn = base_turn_tokens * L^(1 -
@@ -50,6 +52,8 @@ class WorkloadProfile:
     base_turn_tokens: float  # median decode tokens per model turn
     max_turn_tokens: int  # cap on decode tokens per turn (max_new_tokens)
     tail_sigma: float = TAIL_SIGMA_P99_10X  # lognormal sigma of difficulty; 0 = no tail
+    tail_shape: str = "lognormal"  # "lognormal" (tail_sigma) or "pareto" (tail_alpha)
+    tail_alpha: float = 1.5  # Pareto shape when tail_shape="pareto": smaller = heavier tail
     max_context_tokens: int = 65536  # context window: a trajectory is cut (max_tokens) when it fills it
     max_difficulty: float = 40.0  # cap on the difficulty multiplier
     turn_exponent: float = 0.5  # share of difficulty that becomes more turns (rest: longer turns)
@@ -91,6 +95,9 @@ class WorkloadProfile:
             raise ValueError(f"workload {self.name}: drift={self.drift} must be > -1 so lengths stay positive")
         if not self.tools:
             raise ValueError(f"workload {self.name}: tools is empty; name at least one tool")
+        if self.tail_shape not in ("lognormal", "pareto") or self.tail_alpha <= 0:
+            raise ValueError(f"workload {self.name}: tail_shape={self.tail_shape!r}, tail_alpha={self.tail_alpha}; "
+                             "use tail_shape 'lognormal' or 'pareto' and tail_alpha > 0 (e.g. 1.2)")
 
 
 # Medians follow the public descriptions of the paper's three workloads (R2E-Gym, Search-R1,
@@ -213,7 +220,7 @@ class SyntheticWorkload:
         pf = self.profile
         share = pf.prompt_share
         z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * rng.gauss(0.0, 1.0)
-        difficulty = min(math.exp(pf.tail_sigma * z), pf.max_difficulty)
+        difficulty = min(difficulty_of(pf, z), pf.max_difficulty)
         drift = self.drift_factor(step)
         num_turns = int(round(pf.base_turns * difficulty**pf.turn_exponent * drift))
         num_turns = max(1, min(pf.max_turns, num_turns))
@@ -245,6 +252,14 @@ class SyntheticWorkload:
             tool_output_tokens=tuple(out_tokens[:num_tools]),
             tool_latency_s=tuple(latencies[:num_tools]),
         )
+
+
+def difficulty_of(pf: WorkloadProfile, z: float) -> float:
+    """The latent difficulty of a standard-normal draw `z` under the profile's tail shape (docstring, 1)."""
+    if pf.tail_shape == "lognormal":
+        return math.exp(pf.tail_sigma * z)
+    tail = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(Z > z), exact far into the tail
+    return (2.0 * max(tail, 1e-300)) ** (-1.0 / pf.tail_alpha)  # Pareto quantile over its median 2^(1/alpha)
 
 
 def _truncate(prompt: int, max_context: int, turns: list[int], out_tokens: list[int]) -> tuple[list[int], list[int]]:

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.presets import heavy_tail, training_heavy, zero_tail
+from bench.presets import PRESETS, SCENARIOS, heavy_tail, length_drift, pareto_tail, training_heavy, zero_tail
 from scheduler.systems import SYSTEMS
 from sim.config import SimConfig
-from sim.run import compare, format_table, simulate
+from sim.run import compare, format_table, play_system, simulate
 
 METRIC_FIELDS = {"step", "time_s", "step_s", "rollout_s", "train_s", "sync_s", "reconfig_s", "tokens", "trajectories",
                  "reward_mean", "staleness_max", "migrations", "role_map", "idle_frac_rollout", "idle_frac_train"}
@@ -83,8 +83,31 @@ def _ratio(cfg):
 def test_tail_is_what_libra_exploits():
     flat = _ratio(zero_tail("swe").replace(steps=5))
     heavy = _ratio(heavy_tail("swe").replace(steps=5))
+    power_law = _ratio(pareto_tail("swe").replace(steps=5))
     assert flat < 1.1  # no advantage beyond noise without a tail
-    assert heavy > flat + 0.2
+    assert heavy > flat + 0.2 and power_law > flat + 0.2
+
+
+def _trainers_per_step(cfg) -> list[int]:
+    _, rows, _, _ = play_system(cfg, "libra")
+    return [int(r["role_map_desc"].split("train=")[1].split()[0]) for r in rows]
+
+
+def test_length_drift_moves_devices_to_training_then_back_to_rollout():
+    # four trainer passes make the first steps training-bound; then trajectories grow 4x
+    trainers = _trainers_per_step(length_drift("swe"))
+    peak = trainers.index(max(trainers))
+    assert trainers[0] < trainers[peak] and trainers[-1] < trainers[peak], trainers
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_no_system_beats_the_oracle_on_the_scenarios(name):
+    cfg = PRESETS[name]()
+    cfg = cfg.replace(steps=min(cfg.steps, 6))
+    systems = compare(cfg, ["libra", "static", "libra-no-cmlfq", "libra-homogeneous", "oracle"], None)["systems"]
+    best = systems["oracle"]["tokens_per_s"]
+    assert all(s["tokens_per_s"] <= best * (1 + 1e-9) for n, s in systems.items()), \
+        {n: round(s["tokens_per_s"]) for n, s in systems.items()}
 
 
 def test_training_heavy_workload_moves_devices_to_training():

@@ -43,6 +43,18 @@ def test_trajectories_fit_the_context_window_and_tools_line_up(name):
         assert all(o.tool in profile.tools for o in s.tool_outcomes)
 
 
+def test_pareto_tail_is_heavier_at_the_top_and_keeps_the_median():
+    from sim.workload import difficulty_of
+
+    pareto = get_profile("swe", tail_shape="pareto", tail_alpha=1.2)
+    assert difficulty_of(pareto, 0.0) == pytest.approx(1.0)  # median 1, as the lognormal's
+    assert difficulty_of(pareto, 2.326) == pytest.approx(50 ** (1 / 1.2), rel=1e-3)  # p99/median = 50^(1/alpha)
+    assert difficulty_of(pareto, 2.326) > difficulty_of(get_profile("swe"), 2.326)
+    lognormal, heavy = tail_stats(_batch("swe", drift=0.0)), tail_stats(_batch("swe", drift=0.0, tail_shape="pareto",
+                                                                              tail_alpha=1.2))
+    assert heavy["top10_decode_share"] > lognormal["top10_decode_share"]
+
+
 def test_positive_drift_makes_later_steps_longer():
     first = sum(s.decode_tokens for s in _batch(step=0))
     last = sum(s.decode_tokens for s in _batch(step=10))
@@ -70,6 +82,7 @@ def test_prompts_recur_across_steps():
     ({"turn_exponent": 1.5}, "turn_exponent=1.5, prompt_share=0.5 must lie in [0, 1]"),
     ({"drift": -1.0}, "drift=-1.0 must be > -1"),
     ({"tools": ()}, "tools is empty"),
+    ({"tail_shape": "zipf"}, "tail_shape='zipf', tail_alpha=1.5; use tail_shape 'lognormal' or 'pareto'"),
 ])
 def test_profile_errors_name_the_value_and_fix(overrides, message):
     base = dict(name="x", prompt_tokens=10, base_turns=2, max_turns=4, base_turn_tokens=10, max_turn_tokens=100)
