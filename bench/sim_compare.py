@@ -1,9 +1,14 @@
 """Simulated comparison of every system on one preset: `python -m bench.sim_compare [--preset NAME] [--bench swe]`.
 
 Prints the table of `sim.run.format_table` (tokens/s, trajectories/s, ratios to colocate and to
-the oracle, modelled time to the reward target, idle fractions) and, with `--all`, the paper's
-headline ratios for the three workloads at 48 x A800 and 160 x 910B3. Last line:
-`libra_vs_colocate: R` (of the last preset/bench run).
+the oracle, modelled time to the reward target, idle fractions) and a summary line per run:
+libra over each baseline and each ablation (an ablation removes one mechanism, so a ratio below
+1 says that mechanism costs more than it earns there), oracle/libra, libra over the best of a
+few fixed static splits (`sim.run.static_splits`) beside libra over the default one, and the
+trainer counts libra's planner moved through.
+- `--all`: paper_a800_48 and paper_910b3_160 on the three workloads (the paper's headline figures).
+- `--scenarios`: the workloads the scheduler must handle (`bench.presets.SCENARIOS`).
+Last line: `libra_vs_colocate: R` (of the last run).
 """
 
 from __future__ import annotations
@@ -12,22 +17,36 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.presets import ABLATION_SYSTEMS, PRESETS, get_preset
-from sim.run import compare, format_table
+from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
+from sim.run import compare, format_table, static_splits
 
-HEADLINE = (("colocate", "libra/colocate"), ("static", "libra/static"), ("length_aware", "libra/length_aware"),
-            ("la_mlfq", "libra/la_mlfq"))
+BASELINES = ("colocate", "static", "length_aware", "la_mlfq")
+ABLATIONS = tuple(s for s in ABLATION_SYSTEMS if s.startswith("libra-"))
 
 
-def headline(result: dict) -> dict[str, float]:
+def _trainers(desc: str) -> int:
+    return int(desc.split("train=")[1].split()[0])
+
+
+def headline(result: dict, best_static: tuple[float, float] | None = None) -> dict[str, float | str]:
+    """Ratios of one compare (module docstring); `best_static`: (trainer share, tokens/s) of the best split."""
     s = result["systems"]
     lib = s["libra"]["tokens_per_s"]
-    out = {label: lib / s[name]["tokens_per_s"] for name, label in HEADLINE if name in s}
+    out: dict[str, float | str] = {f"libra/{n}": lib / s[n]["tokens_per_s"] for n in BASELINES + ABLATIONS if n in s}
     if "oracle" in s:
         out["oracle/libra"] = s["oracle"]["tokens_per_s"] / lib
+    if best_static is not None:
+        out["libra/best_static"] = lib / best_static[1]
+        out["best_static_train_share"] = best_static[0]
     if "colocate" in s and s["libra"]["time_to_target_s"] and s["colocate"]["time_to_target_s"]:
         out["reward_time colocate/libra"] = s["colocate"]["time_to_target_s"] / s["libra"]["time_to_target_s"]
     return out
+
+
+def planner_moves(result: dict) -> str:
+    """Trainer ranks of libra's first and last layout (first -> last)."""
+    lib = result["systems"]["libra"]
+    return f"{_trainers(lib['role_map_first'])}->{_trainers(lib['role_map_last'])}"
 
 
 def main() -> None:
@@ -37,25 +56,41 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--systems", default="", help="comma-separated; empty = every system + oracle")
     p.add_argument("--out", default="", help="directory for compare.json/compare.png")
-    p.add_argument("--all", action="store_true", help="paper_a800_48 and paper_910b3_160 on all three benches")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="paper_a800_48 and paper_910b3_160 on all three benches")
+    which.add_argument("--scenarios", action="store_true", help=f"the scenario presets: {', '.join(SCENARIOS)}")
     args = p.parse_args()
-    runs = ([(pr, b) for pr in ("paper_a800_48", "paper_910b3_160") for b in ("swe", "search", "math")]
-            if args.all else [(args.preset, args.bench)])
+    if args.all:
+        runs = [(pr, get_preset(pr, b, args.seed)) for pr in ("paper_a800_48", "paper_910b3_160")
+                for b in ("swe", "search", "math")]
+    elif args.scenarios:
+        runs = [(name, PRESETS[name](seed=args.seed)) for name in SCENARIOS]  # each with its own bench
+    else:
+        runs = [(args.preset, get_preset(args.preset, args.bench, args.seed))]
     systems = [s for s in args.systems.split(",") if s] or (ABLATION_SYSTEMS if args.preset == "ablation" else None)
     rows, result = [], None
-    for preset, bench in runs:
+    for preset, cfg in runs:
         t0 = time.perf_counter()
-        out = Path(args.out) / f"{preset}-{bench}" if args.out else None
-        result = compare(get_preset(preset, bench, args.seed), systems, out)
+        out = Path(args.out) / f"{preset}-{cfg.bench}" if args.out else None
+        result = compare(cfg, systems, out)
+        best = None
+        if args.all or args.scenarios:
+            splits = static_splits(cfg)
+            share = max(splits, key=lambda f: splits[f]["tokens_per_s"])
+            best = (share, splits[share]["tokens_per_s"])
         print(format_table(result))
-        print(f"({preset}/{bench}: {time.perf_counter() - t0:.1f} s on this host)\n")
-        rows.append((preset, bench, headline(result)))
-    if args.all:
-        keys = list(rows[0][2])
-        print(f"{'preset':<16} {'bench':<7} " + " ".join(f"{k:>26}" for k in keys))
-        for preset, bench, h in rows:
-            print(f"{preset:<16} {bench:<7} " + " ".join(f"{h.get(k, float('nan')):>26.2f}" for k in keys))
-        print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
+        print(f"({preset}/{cfg.bench}: {time.perf_counter() - t0:.1f} s on this host)\n")
+        if "libra" in result["systems"]:
+            rows.append((preset, cfg.bench, headline(result, best), planner_moves(result)))
+    if rows and (args.all or args.scenarios):
+        keys = list(dict.fromkeys(k for r in rows for k in r[2]))
+        print(f"{'preset':<16} {'bench':<7} {'trainers':>8} " + " ".join(f"{k.replace('libra/', 'l/'):>12}" for k in keys))
+        for preset, bench, h, moves in rows:
+            print(f"{preset:<16} {bench:<7} {moves:>8} " + " ".join(f"{h.get(k, float('nan')):>12.2f}" for k in keys))
+        print("l/X = libra tok/s over X's; an ablation (l/libra-...) below 1.00 means libra loses to itself without "
+              "that mechanism")
+        if args.all:
+            print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
     ratio = result["systems"].get("libra", {}).get("vs_colocate")
     print(f"libra_vs_colocate: {ratio if ratio is not None else float('nan'):.2f}")
 

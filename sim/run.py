@@ -46,7 +46,7 @@ from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
 from sim.trace import TraceWorkload, write_trajectories
 from sim.workload import PROFILES, SyntheticWorkload, get_profile
 
-__all__ = ["simulate", "compare", "replay", "play_system", "format_table", "all_systems", "SimConfig"]
+__all__ = ["simulate", "compare", "replay", "play_system", "static_splits", "format_table", "all_systems", "SimConfig"]
 log = logging.getLogger(__name__)
 
 ORACLE = "oracle"
@@ -168,14 +168,16 @@ def cost_model_of(cfg: SimConfig):
 
 
 def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=(),
-                real: RealSetup | None = None) -> tuple[dict, list[dict], list, list]:
-    """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system."""
+                real: RealSetup | None = None, layout: RoleMap | None = None) -> tuple[dict, list[dict], list, list]:
+    """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system;
+    `layout`: hold this role map for the whole run instead of the system's first layout and planner."""
     t0 = time.perf_counter()
     cost = cost_model_of(cfg)
     curve = curve_for(cfg.bench, cfg.steps)
     target = cfg.reward_target if cfg.reward_target is not None else default_target(curve, cfg.steps)
     best = None
-    for base, fixed, clairvoyant in _candidates(system, oracle_layouts):
+    candidates = _candidates(system, oracle_layouts) if layout is None else [(system, layout, False)]
+    for base, fixed, clairvoyant in candidates:
         layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=clairvoyant, fixed=fixed, real=real)
         if best is None or sim.rows[-1]["time_s"] < best[2].rows[-1]["time_s"]:
             source = base if fixed is None else "fixed " + fixed.describe()
@@ -244,6 +246,22 @@ def compare(cfg: SimConfig, systems: list[str] | None, out_dir: Path | None) -> 
         out_dir = Path(out_dir)
         (out_dir / "compare.json").write_text(json.dumps(out, indent=2))
         plot_compare(out, out_dir / "compare.png")
+    return out
+
+
+STATIC_TRAINER_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
+
+
+def static_splits(cfg: SimConfig, fractions=STATIC_TRAINER_FRACTIONS) -> dict[float, dict]:
+    """`static` at several fixed trainer shares (0.5 is the default `static`): summary per share,
+    so libra can be set beside the best fixed split a user could have found by hand."""
+    cost = cost_model_of(cfg)
+    limits = _bucket_limits(cfg)
+    buckets = BucketsConfig() if limits is None else BucketsConfig(max_tokens=limits)
+    out = {}
+    for f in fractions:
+        rm = sysmod.initial_role_map("static", cfg.num_devices, cost_model=cost, buckets=buckets, trainer_frac=f)
+        out[f] = play_system(cfg, "static", layout=rm)[0]
     return out
 
 
