@@ -18,14 +18,17 @@ Algorithm, per `on_step_end(stats, now)`:
 4. On a ratio trigger the search only considers splits that do not take ranks from the stage
    the clock says is short (an uncalibrated model can contradict the clock; the buckets may
    still be re-planned at the same split). Apply only if current/new >= 1 + `min_gain_ratio`
-   and the gain per step x remaining steps exceeds the reconfiguration cost.
+   and the gain per step x remaining steps exceeds the reconfiguration cost: the cost model's,
+   or the dearest change this run has measured (`StepStats.reconfig_s`: draining tool calls and
+   the trainer hand-off cost a real run seconds where a profile's rebuild costs milliseconds).
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
 steps leave the calibration alone and trigger only far outside the band; no plan takes ranks
-from the measured bottleneck; a gain that cannot pay for the switch is refused; the step model
+from the measured bottleneck; a gain that cannot pay for the switch (as modelled, or as measured
+by an earlier switch) is refused; the step model
 counts the pipeline's overlap.
 """
 
@@ -108,6 +111,7 @@ class GlobalPlanner:
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
         self._last_now: float | None = None
         self._sampled = False  # a plan has been weighed on a measured length sample
+        self.measured_reconfig_s = 0.0  # the dearest role-map change this run has paid
 
     @property
     def rollout_scale(self) -> float:
@@ -133,6 +137,7 @@ class GlobalPlanner:
         self._steps_since_plan += 1
         self._steps_on_layout += 1
         self._history = (self._history + [stats])[-self.cfg.history_steps:]
+        self.measured_reconfig_s = max(self.measured_reconfig_s, stats.reconfig_s)
         settled = self._steps_on_layout > self.cfg.settle_steps  # a filling pipeline or a switch mixes loads
         rollout_s = self.rollout_per_step_s(stats, now)
         if settled:
@@ -187,13 +192,17 @@ class GlobalPlanner:
         cur_s = self.search.predict(self.current, wl, self.scales)[0]
         role_map = self.search.build(best, self.current)
         moved = num_moved(self.current, role_map)
-        reconfig = self.cm.reconfig_s(moved)
+        reconfig = self.reconfig_s(moved)
         gain = cur_s - best.step_s
         if moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
             logger.debug("plan kept (%s): current %.3fs vs new %.3fs, reconfig %.3fs", why, cur_s, best.step_s, reconfig)
             return None
         self.current, self._steps_on_layout = role_map, 0
         return self._decision(best, role_map, cur_s, moved, why)
+
+    def reconfig_s(self, moved: int) -> float:
+        """What moving `moved` ranks is expected to cost: the model's figure, at least what a change cost here."""
+        return max(self.cm.reconfig_s(moved), self.measured_reconfig_s) if moved else 0.0
 
     def _calibrate(self, stats: StepStats) -> None:
         rm = stats.role_map or self.current
@@ -213,4 +222,4 @@ class GlobalPlanner:
         reason = f"{why}: {rm.describe()} predicted {c.step_s:.3f}s vs {cur_s:.3f}s"
         logger.info("planner %s", reason)
         return PlanDecision(role_map=rm, predicted_step_s=c.step_s, current_step_s=cur_s,
-                            reconfig_s=self.cm.reconfig_s(moved), reason=reason, details=details)
+                            reconfig_s=self.reconfig_s(moved), reason=reason, details=details)

@@ -316,7 +316,7 @@ class StepCore:
                           decode_tokens=tuple(f.num_model_tokens for f in fins),  # tool output is not decoded
                           tool_latency_s=tuple(x for f in fins for x in f.tool_latency_s),
                           train_tokens=self._train_tokens if self._train_tokens is not None else row.tokens,
-                          role_map=self.role_map)
+                          role_map=self.role_map, reconfig_s=row.reconfig_s)
         self.trained += 1
         self._last_step_end = now
         self._reconfig_s = 0.0

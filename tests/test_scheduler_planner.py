@@ -119,6 +119,25 @@ def test_gain_must_amortise_reconfiguration():
     assert p.on_step_end(heavy, 1.0) is None  # 0 steps remain: no gain can pay for a switch
 
 
+def test_a_measured_reconfiguration_cost_must_be_paid_back_too():
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+
+    def heavy_step(p, reconfig_s):
+        first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+        return first, StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                                role_map=first.role_map, reconfig_s=reconfig_s)
+
+    cheap = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=10)
+    first, stats = heavy_step(cheap, reconfig_s=0.0)
+    moved = cheap.on_step_end(stats, 1.0)
+    assert moved is not None and moved.reconfig_s == GPU.reconfig_s(moved.details["num_moved"])  # the model's figure
+    gain = moved.current_step_s - moved.predicted_step_s
+    # the same step after a switch that took longer than 9 steps' gain: the move is refused
+    dear = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=10)
+    _, stats = heavy_step(dear, reconfig_s=gain * 10)
+    assert dear.on_step_end(stats, 1.0) is None and dear.reconfig_s(1) == gain * 10
+
+
 def test_no_realloc_keeps_the_split():
     lens = _lengths(4, 128, 1500, 1.5, 16000)
     p = GlobalPlanner(PlannerConfig(interval_steps=1, allow_realloc=False), GPU, 32, 1000)
