@@ -5,7 +5,8 @@ Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
    least-loaded instance there (tokens in flight, ties to the lower id), unless that instance
    would hold `migrate_load_slack` x more tokens per device than a longer bucket's least-loaded
    one: then it starts there (a step admits its whole batch at once; queueing it all on the first
-   bucket's few instances while the others idle made libra lose to least-load routing).
+   bucket's few instances while the others idle made libra lose to least-load routing). Between
+   instances of the same TP the slack is 1: a longer bucket of equal TP is no faster.
 2. Tool return: the outcome state (tool, size class, status) advances the request's cursor in
    the causal prefix tree (its prompt's tree and the global one). The estimate of the tokens
    still to come gives two predicted totals, tokens_so_far + mean and tokens_so_far + p90. Each
@@ -13,7 +14,8 @@ Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
    of the two if that is longer than its current bucket (both signals must agree), else stays.
    The engine re-prefills it on the target. The move is held while the target would hold
    `migrate_load_slack` x more tokens per device than the request's own instance (a swamped
-   high-TP instance is no faster seat; the paper's "2-3x faster per token" sets the 2x default).
+   high-TP instance is no faster seat; the paper's "2-3x faster per token" sets the 2x default;
+   1x toward an instance of the same TP).
 3. Decode boundary: a request that outgrew its bucket's limit without a tool return is demoted
    to the bucket that fits its tokens (the MLFQ safety net; `RouterConfig.demote`), held by the
    same crowding rule as a causal move: a layout with one long instance (the first layout, before
@@ -60,8 +62,14 @@ class CMLFQRouter(BaseRouter):
         of the target holds `migrate_load_slack` x more tokens per device than the request's own,
         the move would trade a re-prefill for a slower seat. The token-limit demotion still applies."""
         here = self._per_device(req.instance_id)
-        there = min(self._per_device(i, req.tokens) for i in self._by_bucket[target])
-        return there > self.cfg.migrate_load_slack * here
+        return all(self._per_device(i, req.tokens) > self._slack(req.instance_id, i) * here
+                   for i in self._by_bucket[target])
+
+    def _slack(self, here: int, there: int) -> float:
+        """How much fuller (per device) a seat may be and still be worth taking: `migrate_load_slack`
+        on an instance of higher TP, 1 on one of the same TP, which decodes no faster (CPU runs
+        have TP1 only: a 2x slack there left the long bucket's rank idle, libra below static)."""
+        return self.cfg.migrate_load_slack if self._tp[there] > self._tp[here] else 1.0
 
     def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
         """The shortest bucket, unless it is crowded: a step admits its whole batch at once, and
@@ -72,10 +80,10 @@ class CMLFQRouter(BaseRouter):
         first = self._active[0]
         best = self._pick(first)
         for bi in self._active[1:]:
-            if not self._per_device(self._pick(bi), req.tokens) * self.cfg.migrate_load_slack < \
-                    self._per_device(best, req.tokens):
+            cand = self._pick(bi)
+            if not self._per_device(cand, req.tokens) * self._slack(best, cand) < self._per_device(best, req.tokens):
                 break
-            first, best = bi, self._pick(bi)
+            first, best = bi, cand
         return first, best
 
     def _per_device(self, instance_id: int, extra_tokens: int = 0) -> float:

@@ -201,3 +201,13 @@ def test_demotion_held_when_the_target_is_crowded_then_taken():
     r.on_finish("big", 8000, 3.0)
     d = r.on_decode("a", 1100, 4.0)  # the crowd left: the safety net demotes it now
     assert (d.action, d.bucket, d.reason) == ("migrate", "long", "demote tokens=1100>1000")
+
+
+def test_a_longer_bucket_of_the_same_tp_takes_admissions_by_plain_least_load():
+    # CPU layouts are TP1 everywhere: the long bucket's instance is no faster, so no 2x slack
+    rm = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1), ("short", 1), ("long", 1)),
+                        buckets=BUCKETS.buckets())
+    r = CMLFQRouter(CFG)
+    r.set_layout(rm, 0.0)
+    assert [r.admit(f"a{i}", "p", 1000, 0.0).bucket for i in range(3)] == ["short", "short", "long"]
+    assert r.load() == {0: 1000, 1: 1000, 2: 1000}
