@@ -28,8 +28,7 @@ than training-heavy history; a long tail gets an instance of TP >= 2; on station
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
 steps leave the calibration alone and trigger only far outside the band; no plan takes ranks
 from the measured bottleneck; a gain that cannot pay for the switch (as modelled, or as measured
-by an earlier switch) is refused; the step model
-counts the pipeline's overlap.
+by an earlier switch) is refused; the step model counts the pipeline's overlap.
 """
 
 from __future__ import annotations
