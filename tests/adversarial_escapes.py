@@ -1,0 +1,188 @@
+"""Attacks that try to leave the sandbox: other episodes, the interpreter, daemons, sockets, symlinks."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from adversarial_base import INIT_HEAD, Outcome, attack, calc_task, call, kill_all, procs_with, run_py
+from envs import mathenv  # noqa: E402 - adversarial_base puts the repo on sys.path
+from envs.sandbox import Sandbox, SandboxConfig  # noqa: E402
+
+# ---- sandbox escapes -----------------------------------------------------------------------------
+
+
+_UMOUNT_AND_HUNT = (
+    "import ctypes, glob, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "mps = [l.split()[4] for l in open('/proc/self/mountinfo')]\n"
+    "n = 0\n"
+    "for mp in reversed(mps):\n"
+    "    if libc.umount2(mp.encode(), 2) == 0: n += 1\n"
+    "hits = []\n"
+    "for pat in ['{root}/libra-sandbox*/*/victim.txt', '/tmp/libra-sandbox*/*/victim.txt', '/tmp/**/victim.txt']:\n"
+    "    for p in glob.glob(pat, recursive=True):\n"
+    "        try: open(p, 'w').write('pwned'); hits.append(p)\n"
+    "        except OSError: pass\n"
+    "print('UMOUNTED', n, 'HITS', len(hits))\n"
+)
+
+
+def _victim_attack(ctx, env, root: str) -> Outcome:
+    victim = env.start(env.tasks()[1])
+    try:
+        target = victim.workdir / "victim.txt"
+        target.write_text("intact")
+        os.chmod(target, 0o666)
+        out = run_py(ctx, _UMOUNT_AND_HUNT.replace("{root}", root or "/tmp"), env)
+        intact = target.read_text() == "intact"
+        return Outcome(intact, f"{out.strip()[:120]}; victim {'intact' if intact else 'overwritten'}")
+    finally:
+        victim.close()
+
+
+@attack("escape")
+def umount_to_other_episodes(ctx):
+    """Unmount the covering mounts, then overwrite a file in another episode's work dir."""
+    return _victim_attack(ctx, ctx.math_env(), ctx.root_dir)
+
+
+@attack("escape")
+def other_episode_under_custom_root(ctx):
+    """With the work dirs outside /tmp, another episode's dir must still be out of reach."""
+    if not ctx.notes.get("custom_root"):
+        return Outcome(True, "skipped: no custom root dir given")
+    env = mathenv.MathEnv(seed=0, num_tasks=2, sandbox=Sandbox(SandboxConfig(
+        isolation=ctx.isolation, root_dir=ctx.notes["custom_root"], timeout_s=10.0)))
+    return _victim_attack(ctx, env, ctx.notes["custom_root"])
+
+
+@attack("escape")
+def write_interpreter_prefix(ctx):
+    """Backdoor the interpreter's dir (venv) that the sandbox exposes."""
+    code = (
+        "import os, sys\n"
+        "p = os.path.join(sys.prefix, 'libra_backdoor_%d' % os.getpid())\n"
+        "try:\n"
+        "    open(p, 'w').write('x'); print('WROTE', p)\n"
+        "except OSError as e: print('DENIED', e.errno)\n")
+    out = run_py(ctx, code)
+    for p in glob.glob(os.path.join(sys.prefix, "libra_backdoor_*")):
+        os.unlink(p)
+    return Outcome("WROTE" not in out and "DENIED" in out, out.strip()[:120])
+
+
+@attack("escape")
+def basic_call_works(ctx):
+    """Not an attack: a trivial program must run (non-root with a venv under /tmp used to fail)."""
+    out = run_py(ctx, "print(6 * 7)")
+    return Outcome(out.strip() == "42", out.strip()[:160])
+
+
+@attack("escape")
+def setsid_daemon_empty_env(ctx):
+    tag = f"{4000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6}"
+    code = f"import subprocess\nsubprocess.Popen(['setsid', 'env', '-i', '/bin/sleep', '{tag}'])\nprint('spawned')"
+    out = run_py(ctx, code)
+    time.sleep(0.3)
+    left = procs_with(tag)
+    kill_all(left)
+    return Outcome(not left, f"{out.strip()}; {len(left)} left alive")
+
+
+@attack("escape")
+def loopback_port(ctx):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        code = (f"import socket\ns = socket.socket(); s.settimeout(2)\n"
+                f"try:\n    s.connect(('127.0.0.1', {port})); print('CONNECTED')\nexcept OSError as e: print('BLOCKED', e.errno)")
+        out = run_py(ctx, code)
+    finally:
+        srv.close()
+    return Outcome("BLOCKED" in out, out.strip()[:80])
+
+
+@attack("escape")
+def unix_socket_outside_hidden_dirs(ctx):
+    d = ctx.socket_dir or ("/run" if os.access("/run", os.W_OK) else "")
+    if not d:
+        return Outcome(True, "skipped: no writable socket dir")
+    path = os.path.join(d, f"libra-adv-{uuid.uuid4().hex[:8]}.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    os.chmod(path, 0o777)
+    srv.listen(1)
+    try:
+        code = (f"import socket\ns = socket.socket(socket.AF_UNIX); s.settimeout(2)\n"
+                f"try:\n    s.connect({path!r}); print('CONNECTED')\nexcept OSError as e: print('BLOCKED', e.errno)")
+        out = run_py(ctx, code)
+    finally:
+        srv.close()
+        os.unlink(path)
+    return Outcome("BLOCKED" in out, out.strip()[:80])
+
+
+_SWAP_LOOP = (
+    "import os, time\n"
+    "d, t = {d!r}, {t!r}\n"
+    "f = d + '/lexer.py'\n"
+    "os.link(f, d + '/.real')\n"
+    "end = time.time() + 20\n"
+    "while time.time() < end:\n"
+    "    try:\n"
+    "        os.symlink(t, d + '/.l'); os.rename(d + '/.l', f)\n"
+    "        time.sleep(0.0002)\n"
+    "        os.link(d + '/.real', d + '/.r'); os.rename(d + '/.r', f)\n"
+    "        time.sleep(0.0002)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.001)\n"
+)
+
+
+@attack("escape")
+def symlink_swap_during_host_replace(ctx):
+    """A surviving daemon flips a work-dir file to a symlink while the host-side replace writes."""
+    secret_dir = Path(ctx.root_dir or "/tmp") / f"libra-adv-secret-{uuid.uuid4().hex[:8]}"
+    secret_dir.mkdir(mode=0o700)
+    secret = secret_dir / "secret"
+    secret.write_text("SECRET\n")
+    os.chmod(secret, 0o600)
+    env = ctx.swe_env()
+    ep = env.start(calc_task(ctx))
+    loop = _SWAP_LOOP.format(d=str(ep.workdir / "calc"), t=str(secret))
+    code = ("import os, subprocess, sys\n"
+            "if not os.path.exists('.spawned'):\n"
+            "    open('.spawned', 'w').close()\n"
+            f"    subprocess.Popen(['setsid', 'env', '-i', sys.executable, '-c', {loop!r}])\n")
+    try:
+        r = ep.execute(call("replace", path="calc/__init__.py", old=INIT_HEAD, new=code + INIT_HEAD))
+        assert r.status == "success", r.text
+        ep.execute(call("run_tests"))
+        tries = 0
+        line_a, line_b = "OPERATORS = ", "OPERATORS =  "
+        raised: list[str] = []
+        for tries in range(1, 301):
+            try:
+                r = ep.execute(call("replace", path="calc/lexer.py", old=line_a, new=line_b))
+                if r.status == "success":
+                    line_a, line_b = line_b, line_a
+            except Exception as e:  # noqa: BLE001 - counted: each one would have ended the rank
+                raised.append(type(e).__name__)
+            if secret.read_text() != "SECRET\n":
+                break
+        changed = secret.read_text() != "SECRET\n"
+        why = f"; {len(raised)} calls raised ({', '.join(sorted(set(raised)))})" if raised else ""
+        return Outcome(not changed and not raised, f"secret {'overwritten' if changed else 'intact'} after {tries} replace calls{why}")
+    finally:
+        kill_all(procs_with("os.link(d + '/.real'"))
+        ep.close()
+        secret.unlink()
+        secret_dir.rmdir()
