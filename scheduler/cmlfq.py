@@ -55,12 +55,12 @@ class CMLFQRouter(BaseRouter):
         super().__init__(cfg)
         self.tree = tree or CausalPrefixTree(self.cfg.tree)
         self.num_causal_migrations = 0
-        self.num_load_holds = 0  # causal moves skipped because the target was crowded
+        self.num_load_holds = 0  # causal moves and demotions skipped because the target was crowded
 
     def _crowded(self, req: RouterRequest, target: int) -> bool:
         """A high-TP instance is faster per token only while it is not swamped: when every instance
         of the target holds `migrate_load_slack` x more tokens per device than the request's own,
-        the move would trade a re-prefill for a slower seat. The token-limit demotion still applies."""
+        the move would trade a re-prefill for a slower seat. Token-limit demotions are held by it too."""
         here = self._per_device(req.instance_id)
         return all(self._per_device(i, req.tokens) > self._slack(req.instance_id, i) * here
                    for i in self._by_bucket[target])
@@ -110,12 +110,11 @@ class CMLFQRouter(BaseRouter):
                 return self._migrate(req, target, reason)
         return (self.cfg.demote and self._demotion(req)) or self._stay(req)
 
-    def _demotion(self, req: RouterRequest) -> Decision | None:
-        lim = self._limit[req.bucket]
-        if lim is not None and req.tokens > lim and self._crowded(req, self._bucket_for_tokens(req.tokens)):
+    def _hold_demotion(self, req: RouterRequest, target: int) -> bool:
+        if self._crowded(req, target):
             self.num_load_holds += 1
-            return None
-        return super()._demotion(req)
+            return True
+        return False
 
     def _on_decode(self, req: RouterRequest) -> Decision:
         if self.cfg.demote:

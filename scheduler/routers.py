@@ -167,8 +167,15 @@ class BaseRouter:
         if lim is None or req.tokens <= lim:
             return None
         # Departure from textbook MLFQ: jump straight to the bucket that fits, since each hop costs a re-prefill.
+        target = self._bucket_for_tokens(req.tokens)
+        if self._hold_demotion(req, target):
+            return None
         self.num_demotions += 1
-        return self._migrate(req, self._bucket_for_tokens(req.tokens), f"demote tokens={req.tokens}>{lim}")
+        return self._migrate(req, target, f"demote tokens={req.tokens}>{lim}")
+
+    def _hold_demotion(self, req: RouterRequest, target: int) -> bool:
+        """Whether an over-limit request stays where it is for now (never, in plain MLFQ)."""
+        return False
 
     # ---- protocol --------------------------------------------------------------------------
     def admit(self, request_id: str, prompt_id: str, prompt_tokens: int, now: float) -> Route:

@@ -74,12 +74,6 @@ def all_systems() -> list[str]:
     return names + ([ORACLE] if ORACLE not in names else [])
 
 
-def _bucket_limits(cfg: SimConfig) -> tuple[int, ...] | None:
-    if cfg.trace_dir is not None or (cfg.bench not in PROFILES and not cfg.bench.endswith(".json")):
-        return None
-    return get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens
-
-
 @dataclass(frozen=True)
 class RealSetup:
     """A real run's own settings, so a replay plays the run as configured (bench/fidelity.py)."""
@@ -98,12 +92,11 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                                       current=real.role_map, buckets=real.buckets, max_staleness=cfg.max_staleness)
         return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
                            is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False)
-    limits = _bucket_limits(cfg)
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
     # would dominate the host time, so the simulator rebuilds about once per step.
     tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
     rcfg = RouterConfig(tree=tree)
-    buckets = BucketsConfig() if limits is None else BucketsConfig(max_tokens=limits)
+    buckets = buckets_of(cfg)
     # The planner must plan for the batch cap the simulated engines enforce (per device), or it
     # sizes TP1 buckets for batches of 256 that the engines cap at 32.
     cap = dict(max_seqs_per_device=cfg.max_seqs_per_device, max_batch=max(256, cfg.max_seqs_per_device * 8))
@@ -160,6 +153,13 @@ def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None, b
             seen.add(_layout_key(rm))
             out.append(("libra", rm, True))
     return out
+
+
+def buckets_of(cfg: SimConfig) -> BucketsConfig:
+    """The rollout buckets a user would set for the workload (its profile's limits), else the defaults."""
+    if cfg.trace_dir is not None or (cfg.bench not in PROFILES and not cfg.bench.endswith(".json")):
+        return BucketsConfig()
+    return BucketsConfig(max_tokens=get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens)
 
 
 def cost_model_of(cfg: SimConfig):
@@ -255,9 +255,7 @@ STATIC_TRAINER_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
 def static_splits(cfg: SimConfig, fractions=STATIC_TRAINER_FRACTIONS) -> dict[float, dict]:
     """`static` at several fixed trainer shares (0.5 is the default `static`): summary per share,
     so libra can be set beside the best fixed split a user could have found by hand."""
-    cost = cost_model_of(cfg)
-    limits = _bucket_limits(cfg)
-    buckets = BucketsConfig() if limits is None else BucketsConfig(max_tokens=limits)
+    cost, buckets = cost_model_of(cfg), buckets_of(cfg)
     out = {}
     for f in fractions:
         rm = sysmod.initial_role_map("static", cfg.num_devices, cost_model=cost, buckets=buckets, trainer_frac=f)

@@ -90,7 +90,7 @@ def test_tail_is_what_libra_exploits():
 
 def _trainers_per_step(cfg) -> list[int]:
     _, rows, _, _ = play_system(cfg, "libra")
-    return [int(r["role_map_desc"].split("train=")[1].split()[0]) for r in rows]
+    return [r["role_map"]["trainer"] for r in rows]
 
 
 def test_length_drift_moves_devices_to_training_then_back_to_rollout():
