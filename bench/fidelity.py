@@ -53,7 +53,7 @@ def replay_one(run_dir: Path, profile: str) -> dict:
 
     cfg, real = real_setup(run_dir)
     return replay(run_dir, system=cfg.run.system, num_devices=real.role_map.world_size, profile=profile, real=real,
-                  max_staleness=cfg.step.max_staleness, max_seqs_per_device=cfg.rollout.max_batch,
+                  max_staleness=cfg.step.max_staleness, max_seqs_per_instance=cfg.rollout.max_batch,
                   prompts_per_step=cfg.step.prompts_per_step, samples_per_prompt=cfg.step.samples_per_prompt)
 
 

@@ -64,8 +64,9 @@ def core_config(cfg, spec) -> core.CoreConfig:
 def finished_of(traj: Trajectory) -> core.Finished:
     versions = traj.policy_versions
     return core.Finished(num_tokens=traj.num_tokens, num_model_tokens=traj.num_model_tokens,
-                         tool_latency_s=tuple(traj.tool_latency_s), first_version=versions[0] if versions else None,
-                         reward=traj.reward, infra_failed=traj.finish_reason == "tool_infra", payload=traj)
+                         tool_latency_s=tuple(traj.tool_latency_s), signal_tokens=traj.signal_tokens,
+                         first_version=versions[0] if versions else None, reward=traj.reward,
+                         infra_failed=traj.finish_reason == "tool_infra", payload=traj)
 
 
 class Coordinator:

@@ -49,6 +49,11 @@ class Trajectory:
         return len(self.token_ids)
 
     @property
+    def signal_tokens(self) -> int:
+        """Tokens in context when the first tool result came back: where the second model turn starts (all if one turn)."""
+        return self.turns[1][0] if len(self.turns) > 1 else self.num_tokens
+
+    @property
     def num_model_tokens(self) -> int:
         return sum(self.loss_mask)
 

@@ -76,6 +76,7 @@ class StepStats:
     train_tokens: int = 0  # tokens the trainer consumed
     role_map: RoleMap | None = None  # layout the step ran on
     decode_tokens: tuple[int, ...] = ()  # model-generated tokens of each finished trajectory; () = unknown
+    signal_tokens: tuple[int, ...] = ()  # tokens of each when its first tool result came back (its total if none); () = unknown
     reconfig_s: float = 0.0  # measured cost of the role-map change paid before this step (0: none)
 
 

@@ -58,8 +58,7 @@ class PlannerConfig:
     history_steps: int = 8  # steps of history the workload is built from
     check_memory: bool = True  # respect the cost model's minimum rollout TP and trainer size
     scale_ema: float = 0.5  # weight of the newest measured/predicted time ratio
-    max_batch: int = 256  # most sequences one instance decodes at once (vLLM's max_num_seqs)
-    max_seqs_per_device: int = 0  # also at most this many per device of an instance (0 = no such cap)
+    max_batch: int = 256  # most sequences one instance decodes at once, whatever its TP (vLLM's max_num_seqs)
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
     profile: str = ""  # measured HardwareProfile JSON (python -m bench.profile); empty = the analytic tables
@@ -75,9 +74,8 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig: min_gain_ratio={self.min_gain_ratio} must be >= 0; 0.05 asks for a 5% gain")
         if not self.allowed_tp or any(t not in VALID_TP for t in self.allowed_tp):
             raise ValueError(f"PlannerConfig: allowed_tp={self.allowed_tp} must be a non-empty subset of {VALID_TP}")
-        if self.max_batch < 1 or self.max_seqs_per_device < 0:
-            raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1 and max_seqs_per_device="
-                             f"{self.max_seqs_per_device} >= 0, e.g. 256 and 0 (no per-device cap)")
+        if self.max_batch < 1:
+            raise ValueError(f"PlannerConfig: max_batch={self.max_batch} must be >= 1, e.g. 256 (vLLM's max_num_seqs)")
         if self.min_history_trajectories < 1 or self.settle_steps < 0:
             raise ValueError(f"PlannerConfig: min_history_trajectories={self.min_history_trajectories} must be >= 1 "
                              f"and settle_steps={self.settle_steps} >= 0; e.g. 3 and 1")
@@ -102,7 +100,6 @@ class GlobalPlanner:
         check = self.cfg.check_memory
         self.search = LayoutSearch(cost_model, world_size, buckets.buckets() if self.cfg.heterogeneous else buckets.single(),
                                    allowed_tp=self.cfg.allowed_tp, max_batch=self.cfg.max_batch,
-                                   max_seqs_per_device=self.cfg.max_seqs_per_device,
                                    min_tp=cost_model.min_rollout_tp() if check else 1,
                                    min_train=cost_model.min_train_devices() if check else 1, lookahead=lookahead)
         self._history: list[StepStats] = []

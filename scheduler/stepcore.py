@@ -68,6 +68,7 @@ class Finished:
     num_tokens: int  # prompt + model + tool-output tokens
     num_model_tokens: int  # tokens the model decoded
     tool_latency_s: tuple[float, ...] = ()  # each tool call's latency
+    signal_tokens: int = 0  # tokens in context when its first tool result came back (num_tokens if none); 0 = unknown
     first_version: int | None = None  # policy version of its first model token (None: no model token)
     reward: float | None = None
     infra_failed: bool = False  # a tool infrastructure fault, not the model's doing
@@ -314,6 +315,7 @@ class StepCore:
         stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=0.0 if skipped else row.train_s, sync_s=sync_s,
                           trajectory_tokens=tuple(f.num_tokens for f in fins),
                           decode_tokens=tuple(f.num_model_tokens for f in fins),  # tool output is not decoded
+                          signal_tokens=tuple(f.signal_tokens for f in fins) if all(f.signal_tokens for f in fins) else (),
                           tool_latency_s=tuple(x for f in fins for x in f.tool_latency_s),
                           train_tokens=self._train_tokens if self._train_tokens is not None else row.tokens,
                           role_map=self.role_map, reconfig_s=row.reconfig_s)

@@ -132,7 +132,6 @@ class ClusterSim:
         """Engines of `role_map`; an instance on the same ranks keeps its engine (as a real rank does).
         Returns the requests of the engines that went away."""
         limits = {b.name: b.max_tokens for b in role_map.buckets}
-        cap = self.cfg.max_seqs_per_device
         new, evicted = {}, []
         for ri in role_map.instances:
             old = self.instances.get(ri.instance_id)
@@ -141,7 +140,7 @@ class ClusterSim:
                 new[ri.instance_id] = old
                 continue
             inst = SimInstance(instance_id=ri.instance_id, tp=ri.tp, bucket=ri.bucket,
-                               bucket_limit=limits[ri.bucket], capacity=cap * ri.tp, cost=self.cost,
+                               bucket_limit=limits[ri.bucket], capacity=self.cfg.max_seqs_per_instance, cost=self.cost,
                                kv_capacity_tokens=kv_capacity_tokens(self.cost, ri.tp))
             inst.last_t = self.now
             new[ri.instance_id] = inst
@@ -255,7 +254,7 @@ class ClusterSim:
         del self.reqs[spec.request_id]
         self.core.on_finished(spec.request_id, core.Finished(
             num_tokens=req.context, num_model_tokens=req.decode_done, tool_latency_s=tuple(spec.tool_latency_s),
-            first_version=req.version, payload=req), self.now)
+            signal_tokens=spec.signal_tokens, first_version=req.version, payload=req), self.now)
         self._try_train()
 
     # ---- training, sync, planning -------------------------------------------------------

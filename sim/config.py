@@ -28,7 +28,7 @@ class SimConfig:
     prompts_per_step: int = 16  # prompts per training batch
     samples_per_prompt: int = 8  # n: GRPO group size
     max_staleness: int = 1  # policy versions a trajectory may lag behind (async systems only)
-    max_seqs_per_device: int = 32  # concurrent sequences per device of an instance (KV capacity)
+    max_seqs_per_instance: int = 256  # concurrent sequences per engine instance, any TP (vLLM's max_num_seqs; KV memory caps it too)
     dataset_prompts: int = 64  # distinct prompts in the dataset; they recur every epoch
     train_epochs: int = 1  # passes of the trainer over each batch (raises the training share)
     seed: int = 0  # seeds the workload; the same seed gives every system the same trajectories
@@ -43,7 +43,7 @@ class SimConfig:
             raise ValueError(f"SimConfig.hardware={self.hardware!r} is unknown; pick one of {KNOWN_HARDWARE}")
         if self.model not in KNOWN_MODELS:
             raise ValueError(f"SimConfig.model={self.model!r} is unknown; pick one of {KNOWN_MODELS}")
-        for name in ("num_devices", "steps", "prompts_per_step", "samples_per_prompt", "max_seqs_per_device", "train_epochs",
+        for name in ("num_devices", "steps", "prompts_per_step", "samples_per_prompt", "max_seqs_per_instance", "train_epochs",
                      "dataset_prompts"):
             value = getattr(self, name)
             if value < 1:

@@ -25,9 +25,9 @@ from scheduler.layout import RoleMap
 class OracleRouter:
     """Router protocol with perfect knowledge, fed by `know(specs)` before each batch is admitted."""
 
-    def __init__(self, cost, max_seqs_per_device: int):
+    def __init__(self, cost, max_seqs_per_instance: int):
         self.cost = cost
-        self.max_seqs_per_device = max_seqs_per_device
+        self.max_seqs_per_instance = max_seqs_per_instance
         self.specs: dict[str, object] = {}
         self.where: dict[str, int] = {}
         self.load: dict[int, float] = {}  # decode tokens assigned and not finished, per instance
@@ -43,7 +43,7 @@ class OracleRouter:
         ctx = 4096  # a representative context; only the ranking of instances matters here
         self.rate = {}
         for inst in role_map.instances:
-            cap = self.max_seqs_per_device * inst.tp
+            cap = self.max_seqs_per_instance
             full = self.cost.decode_step_s(cap, ctx, inst.tp)
             alone = self.cost.decode_step_s(max(1, cap // 4), ctx, inst.tp)
             self.rate[inst.instance_id] = (cap / full, alone)

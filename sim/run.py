@@ -97,14 +97,12 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
     rcfg = RouterConfig(tree=tree)
     buckets = buckets_of(cfg)
-    # The planner must plan for the batch cap the simulated engines enforce (per device), or it
-    # sizes TP1 buckets for batches of 256 that the engines cap at 32.
-    cap = dict(max_seqs_per_device=cfg.max_seqs_per_device, max_batch=max(256, cfg.max_seqs_per_device * 8))
-    pcfg = PlannerConfig(**cap)
+    # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
+    pcfg = PlannerConfig(max_batch=cfg.max_seqs_per_instance)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
-    router = OracleRouter(cost, cfg.max_seqs_per_device) if clairvoyant else sysmod.make_router(system, rcfg)
+    router = OracleRouter(cost, cfg.max_seqs_per_instance) if clairvoyant else sysmod.make_router(system, rcfg)
     return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
                        colocated=bool(role_map.colocated), oracle=clairvoyant)
 
@@ -282,7 +280,7 @@ def run_from_libra_config(cfg, out_dir: Path) -> int:
 
 
 def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu", model: str = "tiny",
-           max_staleness: int = 1, max_seqs_per_device: int = 32, profile: str | None = None,
+           max_staleness: int = 1, max_seqs_per_instance: int = 256, profile: str | None = None,
            real: RealSetup | None = None, **sim_kw) -> dict:
     """Predicted vs measured step times of a recorded run (see the module docstring).
 
@@ -295,7 +293,7 @@ def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu
     wl = TraceWorkload.load(run_dir)
     steps = min(wl.num_steps, len(measured))
     cfg = SimConfig(bench=wl.name, hardware=hardware, model=model, num_devices=num_devices, steps=steps,
-                    max_staleness=max_staleness, max_seqs_per_device=max_seqs_per_device, trace_dir=str(run_dir),
+                    max_staleness=max_staleness, max_seqs_per_instance=max_seqs_per_instance, trace_dir=str(run_dir),
                     profile=profile, **sim_kw)
     summary, metrics, _, _ = play_system(cfg, system, real=real)
     pairs = [(m["step_s"], p["step_s"]) for m, p in zip(measured[:steps], metrics)]

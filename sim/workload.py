@@ -145,6 +145,13 @@ class TrajSpec:
         return sum(self.turn_tokens)
 
     @property
+    def signal_tokens(self) -> int:
+        """Tokens in context when the first tool result came back (all of them if it called no tool)."""
+        if not self.tool_outcomes:
+            return self.total_tokens
+        return self.prompt_tokens + self.turn_tokens[0] + self.tool_output_tokens[0]
+
+    @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_output_tokens)
 

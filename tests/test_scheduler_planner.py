@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 
 from scheduler.api import StepStats
 from scheduler.costmodel import get_cost_model
-from scheduler.layout import BucketsConfig
+from scheduler.layout import BucketsConfig, split_role_map
+from scheduler.layout_search import Scales
 from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
 
 GPU = get_cost_model("h200", "qwen3-4b")  # training state fits one device, so G=2 is feasible
 CPU = get_cost_model("cpu", "tiny")
 CPU_BUCKETS = BucketsConfig(max_tokens=(512, 1536))
+A800_14B = get_cost_model("a800", "qwen3-14b")
 
 
 def _lengths(seed: int, n: int, scale: float, alpha: float, cap: int) -> tuple[int, ...]:
@@ -181,8 +183,7 @@ def test_workload_from_stats_pools_steps():
     (dict(min_gain_ratio=-1), r"min_gain_ratio=-1 must be >= 0"),
     (dict(allowed_tp=(3,)), r"allowed_tp=\(3,\) must be a non-empty subset of \(1, 2, 4, 8\)"),
     (dict(scale_ema=0), r"scale_ema=0 must be in \(0, 1\]"),
-    (dict(max_batch=0), r"max_batch=0 must be >= 1 and max_seqs_per_device=0 >= 0"),
-    (dict(max_seqs_per_device=-1), r"max_batch=256 must be >= 1 and max_seqs_per_device=-1 >= 0"),
+    (dict(max_batch=0), r"max_batch=0 must be >= 1, e.g. 256"),
     (dict(min_history_trajectories=0), r"min_history_trajectories=0 must be >= 1 and settle_steps=1 >= 0"),
     (dict(settle_steps=-1), r"min_history_trajectories=128 must be >= 1 and settle_steps=-1 >= 0"),
 ])
@@ -301,10 +302,18 @@ def test_mlfq_demands_count_every_trajectory_in_the_first_bucket():
     assert (only_long.n, only_long.tokens, only_long.reprefill) == (4, 5630, 0)
 
 
-def test_decode_fraction_shrinks_the_tail_and_device_cap_limits_tp1_batches():
-    p = GlobalPlanner(PlannerConfig(max_seqs_per_device=32), GPU, 8, 10)
-    assert (p.search.seq_cap(1), p.search.seq_cap(4), p.search.seq_cap(8)) == (32, 128, 256)
-    assert GlobalPlanner(None, GPU, 8, 10).search.seq_cap(1) == 256
+def test_the_batch_cap_is_per_instance_whatever_its_tp():
+    # vLLM's max_num_seqs caps an engine instance, not each of its devices: a TP8 instance runs no
+    # more sequences at once than a TP1 one, so a small cap slows both alike.
+    small, large = (GlobalPlanner(PlannerConfig(max_batch=b), GPU, 16, 10).search for b in (8, 256))
+    d = small.demands(Workload(trajectory_tokens=(1000,) * 64, num_trajectories=64, train_tokens=1e5), (2,))[0]
+    for tp in (1, 8):
+        capped, free = small.bucket_s(d, {tp: 1}, 0.0), large.bucket_s(d, {tp: 1}, 0.0)
+        assert capped > 2 * free, (tp, capped, free)
+
+
+def test_decode_fraction_shrinks_the_tail():
+    p = GlobalPlanner(None, GPU, 8, 10)
     lens = (1000,) * 64 + (20000,)
     full = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5)
     quarter = Workload(trajectory_tokens=lens, num_trajectories=65, train_tokens=1e5, decode_frac=0.25)
@@ -327,3 +336,43 @@ def test_the_first_length_sample_is_weighed_even_inside_the_band():
     d = p.on_step_end(balanced, 1e4)
     assert d is not None and "first length sample" in d.reason
     assert p.on_step_end(dataclasses.replace(balanced, step=1, role_map=d.role_map), 2e4) is None  # once only
+
+
+def _signalled(frac: float | None) -> Workload:
+    """A Pareto tail on a 14B model; each trajectory's first tool result comes back after `frac` of it."""
+    rng = random.Random(0)
+    lens = tuple(int(min(30000, 800 * rng.paretovariate(1.3))) for _ in range(256))
+    signals = tuple(max(1, int(n * frac)) for n in lens) if frac is not None else ()
+    return Workload(trajectory_tokens=lens, num_trajectories=256, train_tokens=sum(lens), signal_tokens=signals)
+
+
+def test_the_critical_trajectory_decodes_on_the_first_buckets_until_its_first_signal():
+    # C-MLFQ moves a trajectory up at its first tool return, or at the bucket limit if that comes first.
+    search = GlobalPlanner(None, A800_14B, 16, 10).search  # buckets 4096 / 12288 / unbounded
+    early, late, unknown = _signalled(0.05), _signalled(0.9), _signalled(None)
+    assert [(d.path_tokens, d.path_from) for d in search.demands_on(early, (0, 2), (1, 8))] == [(1500, 0), (28500, 1500)]
+    assert [(d.path_tokens, d.path_from) for d in search.demands_on(late, (0, 2), (1, 8))] == [(4096, 0), (25904, 4096)]
+    assert [(d.path_tokens, d.path_from) for d in search.demands_on(late, (0, 1, 2), (1, 2, 8))] == \
+        [(4096, 0), (8192, 4096), (17712, 12288)]
+    assert [(d.path_tokens, d.path_from) for d in search.demands_on(unknown, (0, 2), (1, 8))] == [(0, 0), (30000, 0)]
+    rm = split_role_map(world_size=16, num_trainer=8, rollout_tp=(("short", 1),) * 4 + (("long", 4),),
+                        buckets=BucketsConfig().buckets())
+    assert search.predict(rm, late, Scales())[1] > 1.1 * search.predict(rm, early, Scales())[1]
+
+
+def test_a_late_first_signal_keeps_slow_instances_off_the_critical_path():
+    # With the signal known to come late (math: a long first turn), the planner serves the first
+    # bucket at high TP; not knowing it, it plans as if every long trajectory moved up at once.
+    late = GlobalPlanner(None, A800_14B, 16, 10).plan(_signalled(0.9)).role_map
+    unknown = GlobalPlanner(None, A800_14B, 16, 10).plan(_signalled(None)).role_map
+    assert min(i.tp for i in late.instances) == 8, late.describe()
+    assert min(i.tp for i in unknown.instances) == 1, unknown.describe()
+
+
+def test_signal_tokens_are_one_per_trajectory_or_none():
+    with pytest.raises(ValueError, match=r"Workload: 1 signal_tokens for 2 trajectories; give one per trajectory"):
+        Workload(trajectory_tokens=(10, 20), num_trajectories=2, train_tokens=30, signal_tokens=(5,))
+    both = [StepStats(step=i, rollout_s=1, train_s=1, trajectory_tokens=(10, 20), signal_tokens=(4, 8)) for i in range(2)]
+    assert Workload.from_stats(both).signal_tokens == (4, 8, 4, 8)
+    one_unknown = [both[0], StepStats(step=2, rollout_s=1, train_s=1, trajectory_tokens=(10,))]
+    assert Workload.from_stats(one_unknown).signal_tokens == ()  # lengths and signals must stay paired

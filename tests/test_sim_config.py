@@ -15,7 +15,7 @@ from sim.reward import RewardCurve, RewardTracker, curve_for, default_target
     ("steps", 0, "SimConfig.steps=0 must be >= 1; give a positive count"),
     ("prompts_per_step", 0, "SimConfig.prompts_per_step=0 must be >= 1"),
     ("samples_per_prompt", -1, "SimConfig.samples_per_prompt=-1 must be >= 1"),
-    ("max_seqs_per_device", 0, "SimConfig.max_seqs_per_device=0 must be >= 1"),
+    ("max_seqs_per_instance", 0, "SimConfig.max_seqs_per_instance=0 must be >= 1"),
     ("train_epochs", 0, "SimConfig.train_epochs=0 must be >= 1"),
     ("dataset_prompts", 0, "SimConfig.dataset_prompts=0 must be >= 1"),
     ("num_devices", 1, "SimConfig.num_devices=1 must be >= 2 so that rollout and training each get a device"),

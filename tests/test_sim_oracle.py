@@ -22,7 +22,7 @@ def spec(rid: str, tokens: int) -> TrajSpec:
 
 
 def router(rollout_tp=(("short", 1), ("short", 1), ("long", 2))):
-    r = OracleRouter(get_cost_model("h100", "qwen3-4b"), max_seqs_per_device=64)
+    r = OracleRouter(get_cost_model("h100", "qwen3-4b"), max_seqs_per_instance=64)
     rm = split_role_map(world_size=8, num_trainer=4, rollout_tp=rollout_tp, buckets=BucketsConfig().buckets())
     r.set_layout(rm, 0.0)
     return r

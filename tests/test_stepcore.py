@@ -77,8 +77,9 @@ def admit(c, now=0.0, n=2):
                        for i in range(n)], now)
 
 
-def finish(c, rid, now, *, version=0, tokens=50, infra=False):
+def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None):
     c.on_finished(rid, Finished(num_tokens=tokens, num_model_tokens=tokens - 10, tool_latency_s=(0.5,),
+                                signal_tokens=tokens - 20 if signal is None else signal,
                                 first_version=version, reward=1.0, infra_failed=infra, payload=rid), now)
 
 
@@ -112,6 +113,7 @@ def test_a_step_trains_in_request_order_and_the_row_says_what_happened():
     stats = planner.stats[0]
     assert stats.trajectory_tokens == (50, 60) and stats.decode_tokens == (40, 50) and stats.train_s == 2.0
     assert stats.tool_latency_s == (0.5, 0.5) and stats.train_tokens == 110
+    assert stats.signal_tokens == (30, 40)  # each trajectory's tokens at its first tool return, in batch order
     assert c.trained == 1 and c.version == 1 and c.ledger.trained_order == ["task0", "task0"]
 
 
@@ -229,3 +231,15 @@ def test_checkpoints_are_due_every_n_steps_but_not_at_the_end():
 def test_config_errors_name_the_values():
     with pytest.raises(ValueError, match=r"num_steps=0 must be >= 1 and max_staleness=1, lookahead=-1"):
         CoreConfig(num_steps=0, max_staleness=1, lookahead=-1)
+
+
+def test_signal_tokens_reach_the_planner_only_when_every_trajectory_has_one():
+    planner = FakePlanner()
+    c = make_core(planner=planner)
+    admit(c)
+    finish(c, "s0-0", 1.0)
+    finish(c, "s0-1", 1.0, signal=0)  # unknown: the planner must not pair lengths with the wrong signals
+    c.take_batch(1.0)
+    c.on_trained(train_s=0.3)
+    c.end_step(1.5, sync_s=0.1)
+    assert planner.stats[0].signal_tokens == () and planner.stats[0].trajectory_tokens == (50, 50)

@@ -22,6 +22,11 @@ def test_a_consistent_trajectory_checks_and_counts_its_tokens():
     assert t.policy_versions == [3, 4]  # -1 (prompt / tool output) is not a policy version
 
 
+def test_signal_tokens_is_where_the_second_model_turn_starts():
+    assert traj().signal_tokens == 5  # prompt, first turn and the tool's answer: what C-MLFQ had seen at its signal
+    assert traj(turns=[(2, 6)], tool_outcomes=[], tool_latency_s=[]).signal_tokens == 6  # no tool call: all of it
+
+
 def test_per_token_lists_of_different_length_are_refused():
     with pytest.raises(AssertionError, match="per-token lists differ: ids=6 mask=6 logprobs=5"):
         traj(logprobs=[0.0] * 5).check()
