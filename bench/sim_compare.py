@@ -8,6 +8,8 @@ few fixed static splits (`sim.run.static_splits`) beside libra over the default 
 trainer counts libra's planner moved through.
 - `--all`: paper_a800_48 and paper_910b3_160 on the three workloads (the paper's headline figures).
 - `--scenarios`: the workloads the scheduler must handle (`bench.presets.SCENARIOS`).
+- `--seeds N`: every run for seeds seed..seed+N-1; the summary gives each ratio's mean and range
+  (one seed's 20 steps move a ratio by a few percent: a mechanism's edge below that needs seeds).
 Last line: `libra_vs_colocate: R` (of the last run).
 """
 
@@ -49,29 +51,62 @@ def planner_moves(result: dict) -> str:
     return f"{_trainers(lib['role_map_first'])}->{_trainers(lib['role_map_last'])}"
 
 
+def _runs(args) -> list[tuple[str, object]]:
+    """(preset name, SimConfig) of every compare the arguments ask for, seed by seed."""
+    out = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        if args.all:
+            out += [(pr, get_preset(pr, b, seed)) for pr in ("paper_a800_48", "paper_910b3_160")
+                    for b in ("swe", "search", "math")]
+        elif args.scenarios:
+            out += [(name, PRESETS[name](seed=seed)) for name in SCENARIOS]  # each with its own bench
+        else:
+            out.append((args.preset, get_preset(args.preset, args.bench, seed)))
+    return out
+
+
+def print_summary(rows: list[tuple[str, str, dict, str]], num_seeds: int, paper_line: bool) -> None:
+    """One line per (preset, bench): each ratio's mean over the seeds and, with several seeds, its range.
+
+    The simulated cluster is deterministic but chaotic: one trajectory landing on a busier
+    instance moves a 20-step run by a few percent, so ratios within that band need several seeds."""
+    runs: dict[tuple[str, str], list[tuple[dict, str]]] = {}
+    for preset, bench, h, moves in rows:
+        runs.setdefault((preset, bench), []).append((h, moves))
+    keys = list(dict.fromkeys(k for r in rows for k in r[2]))
+    print(f"{'preset':<16} {'bench':<7} {'trainers':>8} " + " ".join(f"{k.replace('libra/', 'l/'):>12}" for k in keys))
+    for (preset, bench), seen in runs.items():
+        cells = []
+        for k in keys:
+            vals = [h[k] for h, _ in seen if k in h]
+            mean = sum(vals) / len(vals) if vals else float("nan")
+            cells.append(f"{mean:>12.2f}" if len(vals) < 2 else f"{f'{mean:.2f} ({min(vals):.2f}-{max(vals):.2f})':>12}")
+        print(f"{preset:<16} {bench:<7} {seen[0][1]:>8} " + " ".join(cells))
+    print("l/X = libra tok/s over X's; an ablation (l/libra-...) below 1.00 means libra loses to itself without "
+          "that mechanism" + (f"; mean (min-max) over {num_seeds} seeds, trainers of the first seed" if num_seeds > 1 else ""))
+    if paper_line:
+        print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="default", choices=sorted(PRESETS))
     p.add_argument("--bench", default="swe", choices=("swe", "search", "math"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1, help="run seeds seed..seed+N-1 and report each ratio's mean and range")
     p.add_argument("--systems", default="", help="comma-separated; empty = every system + oracle")
     p.add_argument("--out", default="", help="directory for compare.json/compare.png")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="paper_a800_48 and paper_910b3_160 on all three benches")
     which.add_argument("--scenarios", action="store_true", help=f"the scenario presets: {', '.join(SCENARIOS)}")
     args = p.parse_args()
-    if args.all:
-        runs = [(pr, get_preset(pr, b, args.seed)) for pr in ("paper_a800_48", "paper_910b3_160")
-                for b in ("swe", "search", "math")]
-    elif args.scenarios:
-        runs = [(name, PRESETS[name](seed=args.seed)) for name in SCENARIOS]  # each with its own bench
-    else:
-        runs = [(args.preset, get_preset(args.preset, args.bench, args.seed))]
+    if args.seeds < 1:
+        p.error(f"--seeds {args.seeds}: give at least 1")
     systems = [s for s in args.systems.split(",") if s] or (ABLATION_SYSTEMS if args.preset == "ablation" else None)
     rows, result = [], None
-    for preset, cfg in runs:
+    for preset, cfg in _runs(args):
         t0 = time.perf_counter()
-        out = Path(args.out) / f"{preset}-{cfg.bench}" if args.out else None
+        out = Path(args.out) / f"{preset}-{cfg.bench}-seed{cfg.seed}" if args.out else None
         result = compare(cfg, systems, out)
         best = None
         if args.all or args.scenarios:
@@ -79,18 +114,11 @@ def main() -> None:
             share = max(splits, key=lambda f: splits[f]["tokens_per_s"])
             best = (share, splits[share]["tokens_per_s"])
         print(format_table(result))
-        print(f"({preset}/{cfg.bench}: {time.perf_counter() - t0:.1f} s on this host)\n")
+        print(f"({preset}/{cfg.bench} seed {cfg.seed}: {time.perf_counter() - t0:.1f} s on this host)\n")
         if "libra" in result["systems"]:
             rows.append((preset, cfg.bench, headline(result, best), planner_moves(result)))
-    if rows and (args.all or args.scenarios):
-        keys = list(dict.fromkeys(k for r in rows for k in r[2]))
-        print(f"{'preset':<16} {'bench':<7} {'trainers':>8} " + " ".join(f"{k.replace('libra/', 'l/'):>12}" for k in keys))
-        for preset, bench, h, moves in rows:
-            print(f"{preset:<16} {bench:<7} {moves:>8} " + " ".join(f"{h.get(k, float('nan')):>12.2f}" for k in keys))
-        print("l/X = libra tok/s over X's; an ablation (l/libra-...) below 1.00 means libra loses to itself without "
-              "that mechanism")
-        if args.all:
-            print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
+    if rows and (args.all or args.scenarios or args.seeds > 1):
+        print_summary(rows, args.seeds, paper_line=args.all)
     ratio = result["systems"].get("libra", {}).get("vs_colocate")
     print(f"libra_vs_colocate: {ratio if ratio is not None else float('nan'):.2f}")
 
