@@ -321,19 +321,26 @@ class Coordinator:
         self._send_exports(exports)
         while not self.core.drained():  # a request in a tool call is exported when its tool returns
             self.pump()
+        phases = {"drain_s": self.now() - t0}
         handoff = None
         if new.trainer_ranks != old.trainer_ranks:
             handoff = str(self.out / "handoff" / f"v{new.version}")
             self.save_trainer(handoff, "the trainer to save its state for the new trainer group")
+        phases["save_s"] = self.now() - t0 - sum(phases.values())
         self.send_workers(msg.ApplyRoleMap(new, handoff))
         self.groups_mgr.apply(new)
         self.wait_for(msg.Ready, new.world_size, f"every worker to take its role in {new.describe()}")
         self._send_adds(self.core.finish_reconfigure(self.now()))
+        phases["apply_s"] = self.now() - t0 - sum(phases.values())
         self.sync_weights()
         reconfig_s = self.now() - t0
+        phases["sync_s"] = reconfig_s - sum(phases.values())
         self.core.add_reconfig_s(reconfig_s)
         self.role_changes += 1
-        self.writer.span(f"reconfigure -> v{new.version}", "planner", t0, reconfig_s, layout=new.describe())
+        # where a switch's seconds go: the planner's payback rule is only as good as this figure
+        log.info("[libra] reconfigured to %s in %.2f s (%s)", new.describe(), reconfig_s,
+                 ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items()))
+        self.writer.span(f"reconfigure -> v{new.version}", "planner", t0, reconfig_s, layout=new.describe(), **phases)
 
     def save_trainer(self, path: str, what: str) -> None:
         self.send_workers(msg.Save(path), self.role_map.trainer_ranks)
