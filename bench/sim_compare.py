@@ -74,13 +74,14 @@ def print_summary(rows: list[tuple[str, str, dict, str]], num_seeds: int, paper_
     for preset, bench, h, moves in rows:
         runs.setdefault((preset, bench), []).append((h, moves))
     keys = list(dict.fromkeys(k for r in rows for k in r[2]))
-    print(f"{'preset':<16} {'bench':<7} {'trainers':>8} " + " ".join(f"{k.replace('libra/', 'l/'):>12}" for k in keys))
+    w = 12 if num_seeds < 2 else 17
+    print(f"{'preset':<16} {'bench':<7} {'trainers':>8} " + " ".join(f"{k.replace('libra/', 'l/'):>{w}}" for k in keys))
     for (preset, bench), seen in runs.items():
         cells = []
         for k in keys:
             vals = [h[k] for h, _ in seen if k in h]
             mean = sum(vals) / len(vals) if vals else float("nan")
-            cells.append(f"{mean:>12.2f}" if len(vals) < 2 else f"{f'{mean:.2f} ({min(vals):.2f}-{max(vals):.2f})':>12}")
+            cells.append(f"{mean:>{w}.2f}" if len(vals) < 2 else f"{f'{mean:.2f} ({min(vals):.2f}-{max(vals):.2f})':>{w}}")
         print(f"{preset:<16} {bench:<7} {seen[0][1]:>8} " + " ".join(cells))
     print("l/X = libra tok/s over X's; an ablation (l/libra-...) below 1.00 means libra loses to itself without "
           "that mechanism" + (f"; mean (min-max) over {num_seeds} seeds, trainers of the first seed" if num_seeds > 1 else ""))
