@@ -5,7 +5,8 @@ Measures, with the runtime's own code on the machine it runs on, and writes a
   - decode / prefill: the rollout engine's `BatchRunner` (engine/rollout_runner.py) on one rank:
     a request of C prompt tokens is prefilled (timed), its KV is copied to B rows, and decode
     steps of the B-row batch are timed (median of `--decode-steps`), for each B and C of the grid;
-  - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (bench/trainer.py);
+  - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (bench/trainer.py),
+    and there the trainer's full-weight gather (`Trainer.full_state_dict`) that every sync starts with;
   - weight sync and group rebuild: `engine.weights` transfer of the model's bytes and
     `GroupManager.apply` of a new role map over `--ranks` gloo ranks (bench/groups.py);
   - reconfiguration: the rebuild plus writing and loading the trainer's hand-off state (model +
@@ -139,16 +140,18 @@ def measure_comm(num_params: int, ranks: int) -> dict:
                      timeout_s=300)[0]
 
 
-def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> dict[int, float]:
+def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Tokens/s and the full-weight gather's seconds per trainer rank count."""
     from bench.trainer import measure
 
     args = SimpleNamespace(steps=2, num_trajectories=4, seq_len=seq_len, micro_batch_tokens=1024, threads_per_rank=1,
                            timeout_s=900.0)
-    out = {}
+    tokens_per_s, gather_s = {}, {}
     for n in range(1, max_ranks + 1):
-        out[n] = measure(model_spec, n, args)["tokens_per_s"]
-        print(f"  train {n} rank(s): {out[n]:8.1f} tokens/s", flush=True)
-    return out
+        r = measure(model_spec, n, args)
+        tokens_per_s[n], gather_s[n] = r["tokens_per_s"], r["gather_s"]
+        print(f"  train {n} rank(s): {tokens_per_s[n]:8.1f} tokens/s, full-weight gather {gather_s[n] * 1e3:.1f} ms", flush=True)
+    return tokens_per_s, gather_s
 
 
 def main() -> None:
@@ -159,7 +162,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,4,16,32")
     p.add_argument("--contexts", default="128,512,1024,1536")
     p.add_argument("--decode-steps", type=int, default=5)
-    p.add_argument("--max-trainer-ranks", type=int, default=2)
+    p.add_argument("--max-trainer-ranks", type=int, default=4, help="the CPU run has 4 workers; colocate trains on all")
     p.add_argument("--ranks", type=int, default=5, help="gloo ranks for the sync and rebuild (the CPU run: 4 workers + coordinator)")
     p.add_argument("--train-seq-len", type=int, default=512)
     p.add_argument("--poll-s", type=float, default=0.001, help="the coordinator loop's poll period")
@@ -172,13 +175,13 @@ def main() -> None:
     print(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores)", flush=True)
     decode, prefill, num_params = measure_rollout(args.model, [int(x) for x in args.batches.split(",")],
                                                   [int(x) for x in args.contexts.split(",")], args.decode_steps)
-    train = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
+    train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
     comm = measure_comm(num_params, args.ranks)
     profile = HardwareProfile(
         model=args.model, arch=model_arch_name(args.model), device=args.device, hardware=args.device,
         decode=tuple(decode), prefill=tuple(prefill), train_tokens_per_s=train, sync_s=comm["sync_s"],
         group_rebuild_s=comm["rebuild_s"], reconfig_s=comm["rebuild_s"] + comm["handoff_s"],
-        step_overhead_s=2 * comm["rtt_s"] + args.poll_s,
+        step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather,
         meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),
               "load_1m": os.getloadavg()[0]})

@@ -62,8 +62,13 @@ def _rank_main(ctx, model_spec: str, num_ranks: int, steps: int, num_trajectorie
     for step in range(1, steps + 1):
         metrics = trainer.train_step(synthetic_batch(num_trajectories, seq_len, vocab, step), step)
     elapsed = time.perf_counter() - start
+    gather_s = []  # what a weight sync pays on the trainer before it sends: the full weights on every trainer rank
+    for _ in range(3):
+        t0 = time.perf_counter()
+        trainer.full_state_dict()
+        gather_s.append(time.perf_counter() - t0)
     return {"elapsed_s": elapsed, "tokens": metrics["train/tokens"] * steps, "loss": metrics["train/loss"],
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in model.parameters()), "gather_s": sorted(gather_s)[1]}
 
 
 def measure(model_spec: str, num_ranks: int, args) -> dict:
@@ -75,7 +80,7 @@ def measure(model_spec: str, num_ranks: int, args) -> dict:
     )
     slowest = max(r["elapsed_s"] for r in results)
     return {"tokens_per_s": results[0]["tokens"] / slowest, "elapsed_s": slowest, "loss": results[0]["loss"],
-            "params": results[0]["params"]}
+            "params": results[0]["params"], "gather_s": max(r["gather_s"] for r in results)}
 
 
 def main() -> None:

@@ -218,11 +218,15 @@ class CostModel:
         per_token = (6.0 + self.cfg.train_recompute_flops) * self.model.num_active_params
         return per_token * max(0, num_tokens) / (num_devices * self.hw.peak_flops * self.cfg.train_mfu)
 
-    def sync_s(self, num_rollout_devices: int) -> float:
-        """Trainer -> rollout weight transfer (pipelined broadcast: bytes cross the link once)."""
+    def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
+        """Trainer -> rollout weight transfer: the FSDP trainer gathers the full weights, then a
+        pipelined broadcast (bytes cross the link once); colocated ranks load them locally instead."""
         if num_rollout_devices < 1:
             return 0.0
-        return self.model.weight_bytes / self.hw.link_bw_bytes_s + self.cfg.sync_per_device_s * num_rollout_devices
+        t = max(1, num_trainer_devices)
+        gather_s = self.model.weight_bytes * (t - 1) / t / self.hw.link_bw_bytes_s
+        send_s = 0.0 if colocated else self.model.weight_bytes / self.hw.link_bw_bytes_s
+        return gather_s + send_s + self.cfg.sync_per_device_s * num_rollout_devices
 
     def reconfig_s(self, num_moved_devices: int) -> float:
         """Switching `num_moved_devices` ranks to a new role: rebuild groups, load their new state."""

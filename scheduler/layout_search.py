@@ -276,7 +276,8 @@ class LayoutSearch:
         rollout = max(path, *(self.bucket_s(d, by_bucket[a], tool) for a, d in zip(active, demands)))
         rollout *= scales.rollout
         train = self.train_s(wl, len(rm.trainer_ranks), scales)
-        return pipeline_step_s(rollout, train, self.cm.sync_s(len(rm.rollout_ranks)), self.lookahead), rollout, train
+        sync = self.cm.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks))
+        return pipeline_step_s(rollout, train, sync, self.lookahead), rollout, train
 
     # ---- search ------------------------------------------------------------------------------
     def _assignments(self):
@@ -352,7 +353,7 @@ class LayoutSearch:
         for r, (t, active, tps, ks) in best_r.items():
             if not lo <= r <= hi or g - r < self.min_train:
                 continue
-            roll, train, sync = t * scales.rollout, self.train_s(wl, g - r, scales), self.cm.sync_s(r)
+            roll, train, sync = t * scales.rollout, self.train_s(wl, g - r, scales), self.cm.sync_s(r, g - r)
             choices.append(Choice(pipeline_step_s(roll, train, sync, self.lookahead), roll, train, sync, r, active, tps,
                                   list(ks)))
         if not choices:

@@ -6,7 +6,9 @@ A profile (JSON, `HardwareProfile.save`) holds, for one model on one device kind
   - decode: seconds per decode step of the rollout engine, per (batch, context) point, TP 1;
   - prefill: seconds per prefill of N tokens, TP 1;
   - train_tokens_per_s: trainer throughput per number of trainer ranks (FSDP2 over gloo on CPU);
-  - sync_s: one weight sync (trainer -> every rollout rank); group_rebuild_s: one role-map
+  - sync_s: one weight broadcast (trainer -> every rollout rank); gather_s: the trainer's
+    full-weight gather before it, per number of FSDP trainer ranks (a colocated sync is that
+    gather and a local load, no broadcast); group_rebuild_s: one role-map
     change's process-group rebuild; reconfig_s: a role change of moved ranks (rebuild plus the
     new trainer group loading the hand-off state);
   - step_overhead_s: the control plane's fixed cost per step (messages, waits, bookkeeping).
@@ -49,6 +51,7 @@ class HardwareProfile:
     group_rebuild_s: float
     reconfig_s: float
     step_overhead_s: float = 0.0
+    gather_s: dict[int, float] = field(default_factory=dict)  # trainer ranks -> full-weight gather seconds; {} = free
     meta: dict = field(default_factory=dict)  # host, torch version, date, threads: for the reader
 
     def __post_init__(self) -> None:
@@ -56,7 +59,7 @@ class HardwareProfile:
             if not getattr(self, name):
                 raise ValueError(f"profile: {name} is empty; {FIX}")
         times = [t for *_, t in self.decode] + [t for _, t in self.prefill] + list(self.train_tokens_per_s.values())
-        times += [self.sync_s, self.group_rebuild_s, self.reconfig_s]
+        times += [self.sync_s, self.group_rebuild_s, self.reconfig_s, *self.gather_s.values()]
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times) or self.step_overhead_s < 0:
             raise ValueError(f"profile: every measured time must be a positive finite number; {FIX}")
         if self.arch not in MODELS or self.hardware not in HARDWARE:
@@ -66,6 +69,7 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["train_tokens_per_s"] = {str(k): v for k, v in self.train_tokens_per_s.items()}
+        d["gather_s"] = {str(k): v for k, v in self.gather_s.items()}
         return d
 
     @classmethod
@@ -77,6 +81,7 @@ class HardwareProfile:
                        train_tokens_per_s={int(k): float(v) for k, v in d["train_tokens_per_s"].items()},
                        sync_s=float(d["sync_s"]), group_rebuild_s=float(d["group_rebuild_s"]),
                        reconfig_s=float(d["reconfig_s"]), step_overhead_s=float(d.get("step_overhead_s", 0.0)),
+                       gather_s={int(k): float(v) for k, v in d.get("gather_s", {}).items()},
                        meta=dict(d.get("meta", {})))
         except KeyError as exc:
             raise ValueError(f"profile lacks the field {exc.args[0]!r}; {FIX}") from None
@@ -159,8 +164,12 @@ class ProfiledCostModel(CostModel):
             tps = v0 * (num_devices / k0) ** slope
         return max(0, num_tokens) / tps
 
-    def sync_s(self, num_rollout_devices: int) -> float:
-        return self.profile.sync_s if num_rollout_devices >= 1 else 0.0
+    def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
+        if num_rollout_devices < 1:
+            return 0.0
+        gathers = sorted(self.profile.gather_s.items())
+        gather = _interp([float(k) for k, _ in gathers], [v for _, v in gathers], float(num_trainer_devices)) if gathers else 0.0
+        return gather + (0.0 if colocated else self.profile.sync_s)
 
     def reconfig_s(self, num_moved_devices: int) -> float:
         return self.profile.reconfig_s if num_moved_devices > 0 else 0.0

@@ -70,8 +70,8 @@ class CachedCost:
     def train_s(self, num_tokens: int, num_devices: int) -> float:
         return self.cost.train_s(num_tokens, num_devices)
 
-    def sync_s(self, num_rollout_devices: int) -> float:
-        return self.cost.sync_s(num_rollout_devices)
+    def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
+        return self.cost.sync_s(num_rollout_devices, num_trainer_devices, colocated)
 
     def reconfig_s(self, num_moved_devices: int) -> float:
         return self.cost.reconfig_s(num_moved_devices)
@@ -272,7 +272,8 @@ class ClusterSim:
 
     def _on_train_done(self, dur: float, tokens: int) -> None:
         self.core.on_trained(train_s=dur, train_tokens=tokens)
-        sync = 0.0 if self.free_sync else self.cost.sync_s(len(self.role_map.rollout_ranks))
+        rm = self.role_map
+        sync = 0.0 if self.free_sync else self.cost.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks), rm.colocated)
         for inst in self.instances.values():
             inst.stall(self.now, sync)
             self._kick(inst)

@@ -40,6 +40,8 @@ def test_times_positive_finite_and_monotone(hw, model):
         assert 0 < cm.prefill_s(1000, tp) <= cm.prefill_s(4000, tp)
     assert cm.train_s(10_000, 4) == pytest.approx(cm.train_s(10_000, 1) / 4)
     assert cm.sync_s(0) == 0.0 and cm.sync_s(4) > 0 and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(3) > 0
+    # FSDP trainers gather the full weights before the broadcast; colocated ranks skip the broadcast
+    assert cm.sync_s(4, 4) > cm.sync_s(4, 1) > cm.sync_s(4, 1, colocated=True) > 0
     assert cm.min_rollout_tp() in (1, 2, 4, 8) and cm.min_train_devices() >= 1 and cm.max_batch(1000, 1) >= 1
 
 

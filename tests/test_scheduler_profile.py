@@ -19,7 +19,8 @@ DECODE = tuple((b, c, 0.002 * (1 + b / 8) * (1 + c / 1024)) for b in (1, 4, 16, 
 def profile(**kw) -> HardwareProfile:
     base = dict(model="tiny", arch="tiny", device="cpu", hardware="cpu", decode=DECODE,
                 prefill=((64, 0.01), (256, 0.03), (1024, 0.2)), train_tokens_per_s={1: 1000.0, 2: 1800.0},
-                sync_s=0.05, group_rebuild_s=0.1, reconfig_s=2.0, step_overhead_s=0.01, meta={"host": "test"})
+                sync_s=0.05, group_rebuild_s=0.1, reconfig_s=2.0, step_overhead_s=0.01, gather_s={1: 0.001, 2: 0.021},
+                meta={"host": "test"})
     return HardwareProfile(**{**base, **kw})
 
 
@@ -38,7 +39,7 @@ def test_measured_points_come_back_exactly_and_between_them_times_are_monotone()
     by_ctx = [cm.decode_step_s(8, c, 1) for c in range(128, 1537, 64)]
     assert all(a <= b for a, b in zip(by_batch, by_batch[1:])) and all(a <= b for a, b in zip(by_ctx, by_ctx[1:]))
     assert cm.decode_step_s(64, 3000, 1) > cm.decode_step_s(32, 1536, 1)  # linear past the grid, never flat
-    assert cm.sync_s(3) == 0.05 and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(2) == 2.0 and cm.step_overhead_s == 0.01
+    assert cm.sync_s(3) == pytest.approx(0.051) and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(2) == 2.0 and cm.step_overhead_s == 0.01
 
 
 def test_unmeasured_trainer_sizes_follow_the_measured_scaling():
@@ -96,3 +97,11 @@ def test_the_planner_moves_ranks_only_when_the_measured_reconfiguration_pays_bac
     assert dear is None  # the same move, but 10 steps cannot win back the measured switch
     _, late = _heavy_training_planner(reconfig_s=1.0, remaining_steps=0)
     assert late is None
+
+
+def test_a_sync_starts_with_the_trainers_gather_and_a_colocated_one_does_not_broadcast():
+    cm = ProfiledCostModel(profile())
+    assert cm.sync_s(3, 2) == pytest.approx(0.021 + 0.05)  # gather over 2 FSDP ranks, then the broadcast
+    assert cm.sync_s(4, 4, colocated=True) == pytest.approx(0.061)  # 4 ranks: linear past the measured 1..2
+    assert cm.sync_s(0, 2) == 0.0
+    assert ProfiledCostModel(profile(gather_s={})).sync_s(3, 4) == 0.05  # an older profile: the gather is not known

@@ -29,7 +29,7 @@ class FakeCost:
     def train_s(self, num_tokens, num_devices):
         return 2.0
 
-    def sync_s(self, num_rollout_devices):
+    def sync_s(self, num_rollout_devices, num_trainer_devices=1, colocated=False):
         return 0.5
 
     def reconfig_s(self, num_moved_devices):
