@@ -140,7 +140,7 @@ class LayoutSearch:
         self.cm, self.world_size, self.buckets, self.lookahead = cm, world_size, buckets, lookahead
         self.allowed_tp, self.max_batch = allowed_tp, max_batch  # max_batch: sequences per instance, any TP
         self.min_tp, self.min_train = min_tp, min_train
-        self._tables: dict = {}  # (demand, tp) -> T(k), valid for one search
+        self._tables: dict = {}  # (demand, tp) -> (T(k), P(k)), valid for one search
         self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
         self._sorted: tuple[list[int], list[int], list[tuple[int, int]]] = ([], [], [])
 
@@ -372,8 +372,8 @@ class LayoutSearch:
         ks = list(c.ks)
         left = c.num_rollout - sum(k * tp for k, tp in zip(ks, c.tps))
         assert left >= 0, f"allocation {ks} x {c.tps} exceeds {c.num_rollout} rollout devices"
+        tool = wl.tool_s_per_token
         while left > 0:
-            tool = wl.tool_s_per_token
             order = sorted(range(len(ks)), key=lambda i: -max(self.bucket_s(demands[i], {c.tps[i]: ks[i]}, tool),
                                                                self.path_s(demands[i], c.tps[i], ks[i], tool)))
             i = next((i for i in order if c.tps[i] <= left), None)
