@@ -9,8 +9,10 @@ Measures, with the runtime's own code on the machine it runs on, and writes a
     and there the trainer's full-weight gather (`Trainer.full_state_dict`) that every sync starts with;
   - weight sync and group rebuild: `engine.weights` transfer of the model's bytes and
     `GroupManager.apply` of a new role map over `--ranks` gloo ranks (bench/groups.py);
-  - reconfiguration: the rebuild plus writing and loading the trainer's hand-off state (model +
-    Adam moments) through a file, as the runtime's hand-off does;
+  - reconfiguration: a role switch as the coordinator runs it, less the drain (tool calls in
+    flight, which the planner adds from the tool latencies it has seen): the old trainer saves
+    its hand-off (`engine.trainer.save_handoff`, model + Adam moments), the groups are rebuilt,
+    a two-rank trainer group builds its trainer and loads it (`load_handoff`), one weight sync;
   - step overhead: mailbox round trips over the torch TCPStore (engine/control.py), two per step on
     the training path (Train -> Trained, Sync -> Synced), plus the coordinator's poll period.
 
@@ -77,7 +79,7 @@ def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], de
     return decode, sorted(prefill), num_params
 
 
-def _comm_rank(ctx, nbytes: int, rebuilds: int, handoff_bytes: int, out_dir: str):
+def _comm_rank(ctx, nbytes: int, rebuilds: int):
     import random
 
     import torch.distributed as dist
@@ -110,14 +112,6 @@ def _comm_rank(ctx, nbytes: int, rebuilds: int, handoff_bytes: int, out_dir: str
             receiver.recv()
         dist.barrier()
         sync_s.append(time.perf_counter() - t0)
-    handoff_s = 0.0
-    if ctx.rank == 0:  # the hand-off: the old trainer writes model + optimizer state, the new one loads it
-        path = Path(out_dir) / "handoff.pt"
-        blob = {"state": torch.randn(max(1, handoff_bytes // 4))}
-        t0 = time.perf_counter()
-        torch.save(blob, path)
-        torch.load(path)
-        handoff_s = time.perf_counter() - t0
     box = Mailbox(ctx.store, ctx.rank)
     rtt = []
     for i in range(20):  # rank 0 plays the coordinator; rank 1 answers
@@ -130,14 +124,48 @@ def _comm_rank(ctx, nbytes: int, rebuilds: int, handoff_bytes: int, out_dir: str
             box.recv(timeout_s=30, expect_from="rank 0")
             box.send(0, ("pong", i))
     dist.barrier()
-    return {"rebuild_s": statistics.median(rebuild_s), "sync_s": statistics.median(sync_s), "handoff_s": handoff_s,
+    return {"rebuild_s": statistics.median(rebuild_s), "sync_s": statistics.median(sync_s),
             "rtt_s": statistics.median(rtt) if rtt else 0.0}
 
 
+def _handoff_rank(ctx, model_spec: str, out_dir: str) -> dict:
+    """A role switch's trainer hand-off with the worker's own code: one trainer (one step in, so Adam
+    holds its moments) saves its state, then a two-rank FSDP group builds its trainer and loads it."""
+    import torch.distributed as dist
+
+    from bench.trainer import synthetic_batch
+    from engine.models import load_policy
+    from engine.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
+
+    cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=1024)
+    save_s = 0.0
+    if ctx.rank == 0:
+        model, tok = load_policy(model_spec, device="cpu")
+        old = Trainer(model, cfg, group=None, device="cpu")
+        old.train_step(synthetic_batch(4, 128, len(tok), 0), 0)
+        t0 = time.perf_counter()
+        save_handoff(old, out_dir, write=True)
+        save_s = time.perf_counter() - t0
+        del old, model
+    dist.barrier()
+    t0 = time.perf_counter()
+    model, _ = load_policy(model_spec, device="cpu")
+    load_handoff(Trainer(model, cfg, group=dist.group.WORLD, device="cpu"), out_dir, "cpu")
+    dist.barrier()
+    return {"save_s": save_s, "load_s": time.perf_counter() - t0}
+
+
 def measure_comm(num_params: int, ranks: int) -> dict:
+    return spawn(_comm_rank, ranks, (num_params * 4, 5), device_info=DeviceInfo("cpu", 2), timeout_s=300)[0]
+
+
+def measure_handoff(model_spec: str) -> dict:
+    """Seconds the old trainer takes to save the hand-off, and the new two-rank group to build and load it."""
     with tempfile.TemporaryDirectory() as tmp:
-        return spawn(_comm_rank, ranks, (num_params * 4, 5, num_params * 12, tmp), device_info=DeviceInfo("cpu", 2),
-                     timeout_s=300)[0]
+        results = spawn(_handoff_rank, 2, (model_spec, tmp), device_info=DeviceInfo("cpu", 2), timeout_s=900)
+    out = {"save_s": results[0]["save_s"], "load_s": max(r["load_s"] for r in results)}
+    print(f"  hand-off: save {out['save_s']:.2f} s, build + load on 2 trainer ranks {out['load_s']:.2f} s", flush=True)
+    return out
 
 
 def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> tuple[dict[int, float], dict[int, float]]:
@@ -177,10 +205,13 @@ def main() -> None:
                                                   [int(x) for x in args.contexts.split(",")], args.decode_steps)
     train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
     comm = measure_comm(num_params, args.ranks)
+    handoff = measure_handoff(args.model)
     profile = HardwareProfile(
         model=args.model, arch=model_arch_name(args.model), device=args.device, hardware=args.device,
         decode=tuple(decode), prefill=tuple(prefill), train_tokens_per_s=train, sync_s=comm["sync_s"],
-        group_rebuild_s=comm["rebuild_s"], reconfig_s=comm["rebuild_s"] + comm["handoff_s"],
+        group_rebuild_s=comm["rebuild_s"],
+        # a switch as the coordinator runs it: hand-off save, rebuild, new trainers built and loaded, a sync
+        reconfig_s=handoff["save_s"] + comm["rebuild_s"] + handoff["load_s"] + comm["sync_s"],
         step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather,
         meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),

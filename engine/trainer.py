@@ -36,8 +36,10 @@ import contextlib
 import copy
 import logging
 import math
+import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -309,3 +311,24 @@ class Trainer:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
         self.policy_version = int(state["policy_version"])
+
+
+HANDOFF_FILE = "trainer.pt"
+
+
+def save_handoff(trainer: Trainer, path: str | Path, *, write: bool) -> None:
+    """The trainer's full state where a trainer group of any size can load it (`load_handoff`):
+    a role switch's hand-off and a checkpoint. A collective over the trainer group; the rank
+    with `write` writes it, atomically."""
+    state = trainer.state_dict()
+    if write:
+        target = Path(path)
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / f"{HANDOFF_FILE}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        tmp.replace(target / HANDOFF_FILE)
+
+
+def load_handoff(trainer: Trainer, path: str | Path, device) -> None:
+    """Load what `save_handoff` wrote into a freshly built trainer (a collective over its group)."""
+    trainer.load_state_dict(torch.load(Path(path) / HANDOFF_FILE, map_location=device, weights_only=False))

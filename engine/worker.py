@@ -178,15 +178,14 @@ class Worker:
             return
         if self.trainer is not None and self.trainer_ranks == role_map.trainer_ranks:
             return  # same group: keep the live trainer (and its optimizer state)
-        from engine.trainer import Trainer
+        from engine.trainer import Trainer, load_handoff
 
         model, _ = self._load_model(self.precision.master_dtype)
         group = self.groups.trainer if len(role_map.trainer_ranks) > 1 else None
         self.trainer = Trainer(model, self.cfg.trainer, group=group, device=self.device, policy_version=self.version)
         self.trainer_ranks = role_map.trainer_ranks
         if handoff:
-            state = torch.load(Path(handoff) / "trainer.pt", map_location=self.device, weights_only=False)
-            self.trainer.load_state_dict(state)
+            load_handoff(self.trainer, handoff, self.device)
 
     def _setup_rollout(self, role_map) -> None:
         inst = role_map.instance_of(self.idx)
@@ -375,13 +374,11 @@ class Worker:
         return torch.device("cpu") if self.groups.sync_backend == "gloo" else self.device
 
     def _save(self, path: str) -> None:
-        state = self.trainer.state_dict()  # collective over the trainer group
-        if self.idx == self.trainer_ranks[0]:
-            target = Path(path)
-            target.mkdir(parents=True, exist_ok=True)
-            tmp = target / f"trainer.pt.tmp{os.getpid()}"
-            torch.save(state, tmp)
-            tmp.replace(target / "trainer.pt")
+        from engine.trainer import save_handoff
+
+        writer = self.idx == self.trainer_ranks[0]
+        save_handoff(self.trainer, path, write=writer)  # collective over the trainer group
+        if writer:
             self.mailbox.send(COORDINATOR, msg.Saved(path))
 
 

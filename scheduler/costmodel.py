@@ -228,10 +228,13 @@ class CostModel:
         send_s = 0.0 if colocated else self.model.weight_bytes / self.hw.link_bw_bytes_s
         return gather_s + send_s + self.cfg.sync_per_device_s * num_rollout_devices
 
-    def reconfig_s(self, num_moved_devices: int) -> float:
-        """Switching `num_moved_devices` ranks to a new role: rebuild groups, load their new state."""
+    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True) -> float:
+        """Switching `num_moved_devices` ranks to a new role: rebuild groups, load their new state
+        (the trainer's hand-off when its group changes; else only the weights of the next sync)."""
         if num_moved_devices <= 0:
             return 0.0
+        if not trainer_moved:
+            return self.hw.group_rebuild_s
         load_s = self.model.weight_bytes * self.cfg.optimizer_bytes_per_param / self.model.bytes_per_param
         return self.hw.group_rebuild_s + load_s / self.hw.link_bw_bytes_s * min(1.0, num_moved_devices / 8)
 

@@ -417,3 +417,21 @@ def num_moved(old: RoleMap | None, new: RoleMap) -> int:
         return ("trainer",) if inst is None else (inst.bucket, inst.ranks)
 
     return sum(1 for r in range(new.world_size) if r >= old.world_size or where(old, r) != where(new, r))
+
+
+@dataclass(frozen=True)
+class Switch:
+    """What a change of role map costs the runtime, in kind (`switch_of`)."""
+
+    moved: int  # ranks whose role (trainer, or which instance) changes
+    trainer_moved: bool  # the trainer group changes: the old group saves its state, the new one loads it
+    engines_gone: bool  # an instance's ranks change: its engine goes, its requests drain (tool calls) and move
+
+
+def switch_of(old: RoleMap | None, new: RoleMap) -> Switch:
+    """The kind of change from `old` to `new` (a bucket relabel keeps every engine and the trainer)."""
+    if old is None:
+        return Switch(new.world_size, True, True)
+    kept = {i.ranks for i in new.instances}
+    return Switch(num_moved(old, new), old.trainer_ranks != new.trainer_ranks,
+                  any(i.ranks not in kept for i in old.instances))

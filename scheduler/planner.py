@@ -18,9 +18,10 @@ Algorithm, per `on_step_end(stats, now)`:
 4. On a ratio trigger the search only considers splits that do not take ranks from the stage
    the clock says is short (an uncalibrated model can contradict the clock; the buckets may
    still be re-planned at the same split). Apply only if current/new >= 1 + `min_gain_ratio`
-   and the gain per step x remaining steps exceeds the reconfiguration cost: the cost model's,
-   or the dearest change this run has measured (`StepStats.reconfig_s`: draining tool calls and
-   the trainer hand-off cost a real run seconds where a profile's rebuild costs milliseconds).
+   and the gain per step x remaining steps exceeds the reconfiguration cost: the cost model's
+   (a profile's: hand-off save, rebuild, new trainers loaded, one sync) plus the drain, up to the
+   longest tool call seen (a request in a tool call leaves its instance when the tool returns),
+   or the dearest change this run has measured (`StepStats.reconfig_s`), whichever is more.
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
@@ -41,7 +42,7 @@ from pathlib import Path
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
 from scheduler.layout import VALID_TP, BucketsConfig, RoleMap
-from scheduler.layout_search import Choice, LayoutSearch, Scales, Workload, num_moved
+from scheduler.layout_search import Choice, LayoutSearch, Scales, Switch, Workload, switch_of
 
 __all__ = ["GlobalPlanner", "PlannerConfig", "Workload"]
 logger = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ class GlobalPlanner:
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)
         self._last_now: float | None = None
         self._sampled = False  # a plan has been weighed on a measured length sample
-        self.measured_reconfig_s = 0.0  # the dearest role-map change this run has paid
+        # the dearest role-map change this run has paid, by whether it moved the trainer group
+        self.measured_reconfig_s: dict[bool, float] = {True: 0.0, False: 0.0}
+        self._switch: Switch | None = None  # the last plan's change, until its measured cost arrives
 
     @property
     def rollout_scale(self) -> float:
@@ -124,16 +127,20 @@ class GlobalPlanner:
         best = self._best(wl)
         role_map = self.search.build(best, self.current)
         cur_s = self.search.predict(self.current, wl, self.scales)[0] if self.current else best.step_s
-        moved = num_moved(self.current, role_map)
+        switch = switch_of(self.current, role_map)
         self.current, self._steps_since_plan, self._steps_on_layout, self._sampled = role_map, 0, 0, True
-        return self._decision(best, role_map, cur_s, moved, "initial plan")
+        self._switch = switch
+        return self._decision(best, role_map, cur_s, switch, "initial plan")
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
         self.remaining_steps -= 1
         self._steps_since_plan += 1
         self._steps_on_layout += 1
         self._history = (self._history + [stats])[-self.cfg.history_steps:]
-        self.measured_reconfig_s = max(self.measured_reconfig_s, stats.reconfig_s)
+        if stats.reconfig_s > 0:  # the cost of the switch this planner made (unknown: the dearer kind)
+            kind = self._switch.trainer_moved if self._switch is not None else True
+            self.measured_reconfig_s[kind] = max(self.measured_reconfig_s[kind], stats.reconfig_s)
+            self._switch = None
         settled = self._steps_on_layout > self.cfg.settle_steps  # a filling pipeline or a switch mixes loads
         rollout_s = self.rollout_per_step_s(stats, now)
         if settled:
@@ -187,18 +194,24 @@ class GlobalPlanner:
         best = self._best(wl, starved)
         cur_s = self.search.predict(self.current, wl, self.scales)[0]
         role_map = self.search.build(best, self.current)
-        moved = num_moved(self.current, role_map)
-        reconfig = self.reconfig_s(moved)
+        switch = switch_of(self.current, role_map)
+        reconfig = self.reconfig_s(switch)
         gain = cur_s - best.step_s
-        if moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
+        if switch.moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
             logger.debug("plan kept (%s): current %.3fs vs new %.3fs, reconfig %.3fs", why, cur_s, best.step_s, reconfig)
             return None
-        self.current, self._steps_on_layout = role_map, 0
-        return self._decision(best, role_map, cur_s, moved, why)
+        self.current, self._steps_on_layout, self._switch = role_map, 0, switch
+        return self._decision(best, role_map, cur_s, switch, why)
 
-    def reconfig_s(self, moved: int) -> float:
-        """What moving `moved` ranks is expected to cost: the model's figure, at least what a change cost here."""
-        return max(self.cm.reconfig_s(moved), self.measured_reconfig_s) if moved else 0.0
+    def reconfig_s(self, switch: Switch) -> float:
+        """What a switch is expected to cost: the model's figure for its kind, plus the drain when an
+        engine goes (its requests in tool calls leave when the tool returns: up to the longest tool
+        call seen), at least what a change of that kind cost here."""
+        if not switch.moved:
+            return 0.0
+        drain_s = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
+        model_s = self.cm.reconfig_s(switch.moved, switch.trainer_moved) + drain_s
+        return max(model_s, self.measured_reconfig_s[switch.trainer_moved])
 
     def _calibrate(self, stats: StepStats) -> None:
         rm = stats.role_map or self.current
@@ -211,11 +224,11 @@ class GlobalPlanner:
         if stats.train_s > 0 and pred_t > 0:
             self.scales.train = (1 - a) * self.scales.train + a * min(1e3, max(1e-3, stats.train_s / pred_t))
 
-    def _decision(self, c: Choice, rm: RoleMap, cur_s: float, moved: int, why: str) -> PlanDecision:
+    def _decision(self, c: Choice, rm: RoleMap, cur_s: float, switch: Switch, why: str) -> PlanDecision:
         details = {"rollout_s": c.rollout_s, "train_s": c.train_s, "sync_s": c.sync_s,
                    "num_trainer": len(rm.trainer_ranks), "train_layout": f"fsdp{len(rm.trainer_ranks)}",
-                   "num_moved": moved, "rollout_scale": self.scales.rollout, "train_scale": self.scales.train}
+                   "num_moved": switch.moved, "rollout_scale": self.scales.rollout, "train_scale": self.scales.train}
         reason = f"{why}: {rm.describe()} predicted {c.step_s:.3f}s vs {cur_s:.3f}s"
         logger.info("planner %s", reason)
         return PlanDecision(role_map=rm, predicted_step_s=c.step_s, current_step_s=cur_s,
-                            reconfig_s=self.reconfig_s(moved), reason=reason, details=details)
+                            reconfig_s=self.reconfig_s(switch), reason=reason, details=details)

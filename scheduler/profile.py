@@ -9,8 +9,9 @@ A profile (JSON, `HardwareProfile.save`) holds, for one model on one device kind
   - sync_s: one weight broadcast (trainer -> every rollout rank); gather_s: the trainer's
     full-weight gather before it, per number of FSDP trainer ranks (a colocated sync is that
     gather and a local load, no broadcast); group_rebuild_s: one role-map
-    change's process-group rebuild; reconfig_s: a role change of moved ranks (rebuild plus the
-    new trainer group loading the hand-off state);
+    change's process-group rebuild; reconfig_s: a role change that moves the trainer group
+    (hand-off save, rebuild, the new group built and loaded, a sync); one that moves rollout
+    ranks only costs the rebuild and a sync;
   - step_overhead_s: the control plane's fixed cost per step (messages, waits, bookkeeping).
 
 `ProfiledCostModel` answers the `CostModel` questions from those points: decode is bilinear in
@@ -171,8 +172,10 @@ class ProfiledCostModel(CostModel):
         gather = _interp([float(k) for k, _ in gathers], [v for _, v in gathers], float(num_trainer_devices)) if gathers else 0.0
         return gather + (0.0 if colocated else self.profile.sync_s)
 
-    def reconfig_s(self, num_moved_devices: int) -> float:
-        return self.profile.reconfig_s if num_moved_devices > 0 else 0.0
+    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True) -> float:
+        if num_moved_devices <= 0:
+            return 0.0
+        return self.profile.reconfig_s if trainer_moved else self.profile.group_rebuild_s + self.profile.sync_s
 
 
 def load_cost_model(path: str | Path) -> ProfiledCostModel:

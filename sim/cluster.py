@@ -31,7 +31,7 @@ import logging
 
 from scheduler import stepcore as core
 from scheduler.layout import RoleMap
-from scheduler.layout_search import num_moved
+from scheduler.layout_search import switch_of
 from sim.instance import SimInstance, SimRequest
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ class CachedCost:
     def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
         return self.cost.sync_s(num_rollout_devices, num_trainer_devices, colocated)
 
-    def reconfig_s(self, num_moved_devices: int) -> float:
-        return self.cost.reconfig_s(num_moved_devices)
+    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True) -> float:
+        return self.cost.reconfig_s(num_moved_devices, trainer_moved)
 
 
 class ClusterSim:
@@ -223,7 +223,8 @@ class ClusterSim:
             else:
                 self._finish(req)
             return
-        self._push(self.now + spec.tool_latency_s[req.turn], _TOOL, req)
+        req.tool_until = self.now + spec.tool_latency_s[req.turn]
+        self._push(req.tool_until, _TOOL, req)
 
     def _on_tool_return(self, req: SimRequest) -> None:
         spec = req.spec
@@ -293,12 +294,16 @@ class ClusterSim:
     def _apply_layout(self, proposed: RoleMap) -> None:
         old = self.role_map
         new, exports = self.core.begin_reconfigure(proposed)
-        for e in exports:  # between batches or in a tool call, every request can leave at once
+        # The runtime exports a request in a tool call when its tool returns, and only then
+        # switches: the other instances decode meanwhile, the trainer waits for the switch.
+        drain = max((self.reqs[e.request_id].tool_until - self.now for e in exports), default=0.0)
+        for e in exports:
             self.core.on_exported(e.request_id, self.now)
         assert self.core.drained()
-        moved = num_moved(old, new)
-        cost = 0.0 if self.free_reconfig or moved == 0 else self.cost.reconfig_s(moved)
-        self.core.add_reconfig_s(cost)
+        switch = switch_of(old, new)
+        cost = 0.0 if self.free_reconfig or switch.moved == 0 else self.cost.reconfig_s(switch.moved, switch.trainer_moved)
+        drain = 0.0 if self.free_reconfig else max(0.0, drain)
+        self.core.add_reconfig_s(drain + cost)
         for inst in self.instances.values():
             inst.advance(self.now)
         evicted = self._build_instances(new)
@@ -308,7 +313,7 @@ class ClusterSim:
             req.need_prefill = req.context
         for inst in self.instances.values():
             inst.stall(self.now, cost)
-        self.trainer_free_at = max(self.trainer_free_at, self.now + cost)
+        self.trainer_free_at = max(self.trainer_free_at, self.now + drain + cost)
         for req in evicted:  # an engine that went away lost its KV: the request re-prefills where the core put it
             req.need_prefill = req.context
             assert req.instance_id in self.instances, f"{req.spec.request_id} left on removed instance {req.instance_id}"

@@ -23,7 +23,7 @@ class SimRequest:
 
     __slots__ = (
         "spec", "batch", "turn", "left", "context", "instance_id", "version", "join_iter", "target_iter",
-        "need_prefill", "admitted_at", "finished_at", "num_migrations", "instances", "gen", "decode_done",
+        "need_prefill", "admitted_at", "finished_at", "num_migrations", "instances", "gen", "decode_done", "tool_until",
     )
 
     def __init__(self, spec, batch: int, version: int, now: float):
@@ -43,6 +43,7 @@ class SimRequest:
         self.instances: list[int] = []
         self.gen = 0  # bumped whenever it leaves a batch; stale heap entries are skipped
         self.decode_done = 0
+        self.tool_until = 0.0  # when its current (or last) tool call returns
 
 
 class SimInstance:

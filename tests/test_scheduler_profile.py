@@ -40,6 +40,7 @@ def test_measured_points_come_back_exactly_and_between_them_times_are_monotone()
     assert all(a <= b for a, b in zip(by_batch, by_batch[1:])) and all(a <= b for a, b in zip(by_ctx, by_ctx[1:]))
     assert cm.decode_step_s(64, 3000, 1) > cm.decode_step_s(32, 1536, 1)  # linear past the grid, never flat
     assert cm.sync_s(3) == pytest.approx(0.051) and cm.reconfig_s(0) == 0.0 and cm.reconfig_s(2) == 2.0 and cm.step_overhead_s == 0.01
+    assert cm.reconfig_s(2, trainer_moved=False) == pytest.approx(0.1 + 0.05)  # no hand-off: the rebuild and a sync
 
 
 def test_unmeasured_trainer_sizes_follow_the_measured_scaling():
@@ -74,7 +75,7 @@ def test_missing_fields_and_broken_files_name_the_problem(tmp_path):
         PlannerConfig(profile="/no/such.json")
 
 
-def _heavy_training_planner(reconfig_s: float, remaining_steps: int):
+def _heavy_training_planner(reconfig_s: float, remaining_steps: int, tool_latency_s: tuple[float, ...] = ()):
     rng = random.Random(0)
     lens = tuple(min(1500, int(100 * rng.paretovariate(1.5))) for _ in range(64))
     cm = ProfiledCostModel(profile(train_tokens_per_s={1: 1000.0, 2: 2000.0, 3: 3000.0}, reconfig_s=reconfig_s))
@@ -83,7 +84,7 @@ def _heavy_training_planner(reconfig_s: float, remaining_steps: int):
     p = GlobalPlanner(cfg, cm, 4, remaining_steps, buckets=buckets)
     first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=64, train_tokens=1e3))
     stats = StepStats(step=1, rollout_s=1.0, train_s=cm.train_s(200_000, len(first.role_map.trainer_ranks)),
-                      trajectory_tokens=lens, train_tokens=200_000, role_map=first.role_map)
+                      trajectory_tokens=lens, train_tokens=200_000, role_map=first.role_map, tool_latency_s=tool_latency_s)
     return first, p.on_step_end(stats, 1.0)
 
 
@@ -105,3 +106,13 @@ def test_a_sync_starts_with_the_trainers_gather_and_a_colocated_one_does_not_bro
     assert cm.sync_s(4, 4, colocated=True) == pytest.approx(0.061)  # 4 ranks: linear past the measured 1..2
     assert cm.sync_s(0, 2) == 0.0
     assert ProfiledCostModel(profile(gather_s={})).sync_s(3, 4) == 0.05  # an older profile: the gather is not known
+
+
+def test_a_switch_is_charged_the_drain_of_the_longest_tool_call_seen():
+    # A request in a tool call leaves its instance only when its tool returns: a real switch
+    # measured 4.9 s of drain beside the profile's figure (smollm2 on swe, 32.4 s in all).
+    _, cheap = _heavy_training_planner(reconfig_s=1.0, remaining_steps=10, tool_latency_s=(0.5, 3.0, 1.0))
+    assert cheap is not None and cheap.reconfig_s == pytest.approx(1.0 + 3.0)
+    gain = cheap.current_step_s - cheap.predicted_step_s
+    _, drained = _heavy_training_planner(reconfig_s=1.0, remaining_steps=10, tool_latency_s=(gain * 10,))
+    assert drained is None  # the profile's figure alone would pay back; with the drain it does not

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler.api import Decision, OutcomeState, Route
+from scheduler.api import Decision, OutcomeState, PlanDecision, Route
 from scheduler.layout import Bucket, split_role_map
+from scheduler.routers import LeastLoadRouter
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.workload import TrajSpec
@@ -32,7 +33,7 @@ class FakeCost:
     def sync_s(self, num_rollout_devices, num_trainer_devices=1, colocated=False):
         return 0.5
 
-    def reconfig_s(self, num_moved_devices):
+    def reconfig_s(self, num_moved_devices, trainer_moved=True):
         return 3.0
 
 
@@ -179,3 +180,30 @@ def test_same_inputs_same_metrics():
     a = _sim([_spec(rid=str(i), turns=(3 + i, 9)) for i in range(5)], steps=3).run()
     b = _sim([_spec(rid=str(i), turns=(3 + i, 9)) for i in range(5)], steps=3).run()
     assert a == b
+
+
+class OnePlan:
+    """Proposes `role_map` at the end of step `at` (a planner that knows what it wants)."""
+
+    def __init__(self, role_map, at):
+        self.role_map, self.at = role_map, at
+
+    def on_step_end(self, stats, now):
+        if stats.step != self.at:
+            return None
+        return PlanDecision(role_map=self.role_map, predicted_step_s=1.0, current_step_s=2.0, reconfig_s=3.0)
+
+
+def test_a_switch_waits_for_the_tool_calls_of_the_requests_it_moves():
+    # As in the runtime, a request in a tool call leaves its instance when the tool returns: the
+    # switch at the end of step 2 waits for step 3's request, 10 s into a 10 s tool call minus its start.
+    buckets = (Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None))
+    cfg = SimConfig(num_devices=3, steps=3, prompts_per_step=1, samples_per_prompt=1)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)), buckets=buckets)
+    new = split_role_map(world_size=3, num_trainer=2, rollout_tp=(("long", 1),), buckets=buckets, version=1)
+    sim = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec(latency=(10.0,))]), router=LeastLoadRouter(),
+                     planner=OnePlan(new, at=2), role_map=rm, is_async=True, ctx_quantum=1)
+    rows = sim.run()
+    step2_end, step3_started = rows[1]["time_s"], rows[0]["time_s"]  # step 3 is admitted when step 1 ends
+    in_tool_until = step3_started + 0.1 + 0.1 + 10.0  # prefill 100 tokens, 10 decode iterations, the tool
+    assert rows[2]["reconfig_s"] == pytest.approx(in_tool_until - step2_end + 3.0)
