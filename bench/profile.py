@@ -212,7 +212,7 @@ def main() -> None:
         group_rebuild_s=comm["rebuild_s"],
         # a switch as the coordinator runs it: hand-off save, rebuild, new trainers built and loaded, a sync
         reconfig_s=handoff["save_s"] + comm["rebuild_s"] + handoff["load_s"] + comm["sync_s"],
-        step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather,
+        step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather, cores=os.cpu_count() or 1,
         meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),
               "load_1m": os.getloadavg()[0]})

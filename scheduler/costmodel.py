@@ -166,6 +166,7 @@ class CostModel:
     """Predicted seconds for the operations the planner trades off (see the module docstring)."""
 
     step_overhead_s = 0.0  # the control plane's fixed cost per step (a measured profile knows it)
+    shared_cores = 0  # CPU cores every rank shares (a measured CPU profile knows it); 0: a device per rank
 
     def __init__(self, hw: Hardware, model: ModelSpec, cfg: CostModelConfig | None = None) -> None:
         self.hw, self.model, self.cfg = hw, model, cfg or CostModelConfig()

@@ -12,7 +12,10 @@ A profile (JSON, `HardwareProfile.save`) holds, for one model on one device kind
     change's process-group rebuild; reconfig_s: a role change that moves the trainer group
     (hand-off save, rebuild, the new group built and loaded, a sync); one that moves rollout
     ranks only costs the rebuild and a sync;
-  - step_overhead_s: the control plane's fixed cost per step (messages, waits, bookkeeping).
+  - step_overhead_s: the control plane's fixed cost per step (messages, waits, bookkeeping);
+  - cores: on a CPU every rank (and every tool process) shares these cores, so the simulator
+    slows everything that runs by busy processes / cores once they outnumber the cores; each
+    time above was measured with that many processes busy (decode and prefill: one).
 
 `ProfiledCostModel` answers the `CostModel` questions from those points: decode is bilinear in
 (log2 batch, context) on the measured grid and linear beyond it; prefill piecewise linear in the
@@ -53,6 +56,7 @@ class HardwareProfile:
     reconfig_s: float
     step_overhead_s: float = 0.0
     gather_s: dict[int, float] = field(default_factory=dict)  # trainer ranks -> full-weight gather seconds; {} = free
+    cores: int = 0  # CPU cores the ranks of a run share (device cpu); 0: every rank has a device of its own
     meta: dict = field(default_factory=dict)  # host, torch version, date, threads: for the reader
 
     def __post_init__(self) -> None:
@@ -61,7 +65,8 @@ class HardwareProfile:
                 raise ValueError(f"profile: {name} is empty; {FIX}")
         times = [t for *_, t in self.decode] + [t for _, t in self.prefill] + list(self.train_tokens_per_s.values())
         times += [self.sync_s, self.group_rebuild_s, self.reconfig_s, *self.gather_s.values()]
-        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times) or self.step_overhead_s < 0:
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times) or self.step_overhead_s < 0 \
+                or self.cores < 0:
             raise ValueError(f"profile: every measured time must be a positive finite number; {FIX}")
         if self.arch not in MODELS or self.hardware not in HARDWARE:
             raise ValueError(f"profile: arch {self.arch!r} / hardware {self.hardware!r} not in the cost model tables "
@@ -83,6 +88,7 @@ class HardwareProfile:
                        sync_s=float(d["sync_s"]), group_rebuild_s=float(d["group_rebuild_s"]),
                        reconfig_s=float(d["reconfig_s"]), step_overhead_s=float(d.get("step_overhead_s", 0.0)),
                        gather_s={int(k): float(v) for k, v in d.get("gather_s", {}).items()},
+                       cores=int(d.get("cores", 0)),
                        meta=dict(d.get("meta", {})))
         except KeyError as exc:
             raise ValueError(f"profile lacks the field {exc.args[0]!r}; {FIX}") from None
@@ -123,6 +129,7 @@ class ProfiledCostModel(CostModel):
         super().__init__(HARDWARE[profile.hardware], model or MODELS[profile.arch])
         self.profile = profile
         self.step_overhead_s = profile.step_overhead_s
+        self.shared_cores = profile.cores
         grid: dict[int, dict[int, float]] = {}
         for b, c, t in profile.decode:
             grid.setdefault(c, {})[b] = t

@@ -18,7 +18,10 @@ Algorithm:
    weights sync to the rollout (`sync_s`, instances pause) and the core ends the step (row,
    stats, planner). A new role map is applied at once: its moved ranks pay `reconfig_s`, and
    the requests of instances that go away (or change bucket engine) re-prefill where the core
-   re-homes them.
+   re-homes them; the switch waits for the tool calls of the requests it moves.
+4. On a CPU profile (`shared_cores`), ranks, tool calls and scorings share the cores: while more
+   of them are busy than there are cores, every engine and the trainer run at cores/busy of
+   their measured speed (processor sharing, as the OS shares the cores).
 
 Invariants (tests/test_sim_engine.py): every admitted trajectory finishes exactly once and is
 trained in its own step; staleness never exceeds the bound; same inputs give the same metrics.
@@ -49,6 +52,7 @@ class CachedCost:
     def __init__(self, cost, ctx_quantum: int = 64):
         self.cost, self.hw, self.model = cost, cost.hw, cost.model
         self.step_overhead_s = cost.step_overhead_s
+        self.shared_cores = getattr(cost, "shared_cores", 0)  # a CostModel has it; hand-written fakes need not
         self.q = ctx_quantum
         self._decode: dict[tuple[int, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
@@ -100,6 +104,10 @@ class ClusterSim:
         self.instances: dict[int, SimInstance] = {}
         self.trainer_free_at = 0.0
         self.trainer_busy = False
+        # processor sharing on a CPU (the profile's cores): what runs besides the rollout engines
+        self.training = False  # the trainer ranks are computing an update
+        self.tools_in_flight = 0  # tool calls and final scorings: processes of their own
+        self.slowdown = 1.0
         self.starting: set[int] = set()  # steps whose episodes are being started (trace replay)
         self.rows: list[dict] = []  # the core's metrics rows
         self.layouts: list[RoleMap] = []  # the layout each step ran on
@@ -142,7 +150,7 @@ class ClusterSim:
             inst = SimInstance(instance_id=ri.instance_id, tp=ri.tp, bucket=ri.bucket,
                                bucket_limit=limits[ri.bucket], capacity=self.cfg.max_seqs_per_instance, cost=self.cost,
                                kv_capacity_tokens=kv_capacity_tokens(self.cost, ri.tp))
-            inst.last_t = self.now
+            inst.last_t, inst.slowdown = self.now, self.slowdown
             new[ri.instance_id] = inst
         for iid, inst in self.instances.items():
             if new.get(iid) is not inst:
@@ -154,6 +162,8 @@ class ClusterSim:
     # ---- main loop ----------------------------------------------------------------------
     def run(self) -> list[dict]:
         self._try_admit()
+        if self.cost.shared_cores:
+            self._share_cores()
         while self.events:
             t, _, kind, obj, tag = heapq.heappop(self.events)
             self.now = t
@@ -168,9 +178,12 @@ class ClusterSim:
                 self._admit(*obj)
                 self._try_admit()
             elif kind == _SCORED:
+                self.tools_in_flight -= 1
                 self._finish(obj)
             else:
                 self._on_sync_done(obj)
+            if self.cost.shared_cores:
+                self._share_cores()
         assert self.core.done, f"simulation stalled after {self.core.trained}/{self.cfg.steps} steps"
         return self.rows
 
@@ -219,14 +232,17 @@ class ClusterSim:
         spec = req.spec
         if req.turn == len(spec.turn_tokens) - 1:
             if spec.score_s > 0:  # the final scoring runs on the rank's thread pool, beside decoding
+                self.tools_in_flight += 1
                 self._push(self.now + spec.score_s, _SCORED, req)
             else:
                 self._finish(req)
             return
         req.tool_until = self.now + spec.tool_latency_s[req.turn]
+        self.tools_in_flight += 1
         self._push(req.tool_until, _TOOL, req)
 
     def _on_tool_return(self, req: SimRequest) -> None:
+        self.tools_in_flight -= 1
         spec = req.spec
         outcome = spec.tool_outcomes[req.turn]
         out_tokens = spec.tool_output_tokens[req.turn]
@@ -258,6 +274,27 @@ class ClusterSim:
             signal_tokens=spec.signal_tokens, first_version=req.version, payload=req), self.now)
         self._try_train()
 
+    # ---- processor sharing (CPU runs) ---------------------------------------------------
+    def _busy_processes(self) -> int:
+        busy = sum(inst.tp for inst in self.instances.values() if inst.busy)
+        return busy + self.tools_in_flight + (len(self.role_map.trainer_ranks) if self.training else 0)
+
+    def _share_cores(self) -> None:
+        """On a CPU every rank and tool process shares the profile's cores: when more are busy than
+        there are cores, each runs at cores/busy of its measured speed (the OS shares them fairly).
+        A change of that share re-times every engine; re-timing can start a queued batch, so repeat
+        until it settles."""
+        for _ in range(4):
+            slowdown = max(1.0, self._busy_processes() / self.cost.shared_cores)
+            if slowdown == self.slowdown:
+                return
+            for inst in self.instances.values():
+                inst.advance(self.now)  # the work done so far at the old share
+                inst.slowdown = slowdown
+            self.slowdown = slowdown
+            for inst in self.instances.values():
+                self._kick(inst)
+
     # ---- training, sync, planning -------------------------------------------------------
     def _try_train(self) -> None:
         if self.trainer_busy:
@@ -266,12 +303,18 @@ class ClusterSim:
         if batch is None:
             return
         tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
+        num_trainer = len(self.role_map.trainer_ranks)
         # the real trainer skips a step in which no group's rewards differ: its gradient is zero
-        dur = self.cost.train_s(tokens, len(self.role_map.trainer_ranks)) if has_signal(batch.payloads) else 0.0
+        dur = self.cost.train_s(tokens, num_trainer) if has_signal(batch.payloads) else 0.0
+        if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
+            self.training = True
+            cores = self.cost.shared_cores
+            dur *= max(1.0, self._busy_processes() / cores) / max(1.0, num_trainer / cores)
         self.trainer_busy = True
         self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens))
 
     def _on_train_done(self, dur: float, tokens: int) -> None:
+        self.training = False
         self.core.on_trained(train_s=dur, train_tokens=tokens)
         rm = self.role_map
         sync = 0.0 if self.free_sync else self.cost.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks), rm.colocated)

@@ -6,7 +6,8 @@ limit) leaves at `j + k`; a heap of those targets gives the next boundary in O(l
 two events the batch is fixed, so the instance advances at one decode iteration per
 `decode_step_s(batch, mean_context, tp)` seconds (the cost model). Prefill of new context
 (prompts, tool outputs, re-prefill after a migration) and weight-sync/reconfiguration pauses are
-"stall" seconds spent before decode resumes.
+"stall" seconds spent before decode resumes. On a CPU whose cores every rank shares, the cluster
+sets `slowdown` (busy processes / cores): wall time per second of work.
 
 Invariants (tests/test_sim_engine.py): a request leaves after exactly the tokens it asked for;
 the batch never exceeds `capacity` sequences, nor (once it holds one) its KV capacity in tokens; the decode-token count equals the sum over requests.
@@ -50,7 +51,7 @@ class SimInstance:
     __slots__ = (
         "instance_id", "tp", "bucket", "bucket_limit", "capacity", "cost", "queue", "heap", "num_active",
         "ctx_offset", "iter_pos", "stall_s", "last_t", "step_s", "epoch", "busy_dev_s", "active_ids",
-        "kv_capacity_tokens", "num_joins",
+        "kv_capacity_tokens", "num_joins", "slowdown",
     )
 
     def __init__(self, *, instance_id: int, tp: int, bucket: str, bucket_limit: int | None, capacity: int, cost,
@@ -74,6 +75,7 @@ class SimInstance:
         self.epoch = 0
         self.busy_dev_s = 0.0
         self.num_joins = 0
+        self.slowdown = 1.0  # wall seconds per second of work: > 1 while more processes than cores are busy
 
     # ---- time ---------------------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -84,6 +86,7 @@ class SimInstance:
             return
         if self.num_active:
             self.busy_dev_s += dt * self.tp
+        dt /= self.slowdown  # seconds of work done in dt of wall time
         use = min(dt, self.stall_s)
         self.stall_s -= use
         dt -= use
@@ -178,4 +181,9 @@ class SimInstance:
         k = max(0.0, self.heap[0][0] - self.iter_pos)
         mean_ctx = (self.ctx_offset + self.num_active * self.iter_pos) / self.num_active + k / 2.0
         self.step_s = self.cost.decode_step_s(self.num_active, int(mean_ctx), self.tp)
-        return now + self.stall_s + k * self.step_s
+        return now + (self.stall_s + k * self.step_s) * self.slowdown
+
+    @property
+    def busy(self) -> bool:
+        """Decoding, or prefilling / syncing before it resumes (a CPU rank is then running)."""
+        return bool(self.num_active) or self.stall_s > 0.0

@@ -207,3 +207,23 @@ def test_a_switch_waits_for_the_tool_calls_of_the_requests_it_moves():
     step2_end, step3_started = rows[1]["time_s"], rows[0]["time_s"]  # step 3 is admitted when step 1 ends
     in_tool_until = step3_started + 0.1 + 0.1 + 10.0  # prefill 100 tokens, 10 decode iterations, the tool
     assert rows[2]["reconfig_s"] == pytest.approx(in_tool_until - step2_end + 3.0)
+
+
+class OneCoreCost(FakeCost):
+    shared_cores = 1  # a CPU profile: every rank shares this many cores
+
+
+def test_on_shared_cores_two_busy_engines_each_run_at_half_speed():
+    specs = [_spec(rid="a", turns=(10,), out=(), latency=()), _spec(rid="b", turns=(10,), out=(), latency=())]
+    cfg = SimConfig(num_devices=3, steps=1, prompts_per_step=1, samples_per_prompt=2)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("short", 1)),
+                        buckets=(Bucket(name="short", max_tokens=None),))
+
+    def rollout_s(cost):
+        sim = ClusterSim(cfg=cfg, cost=cost, workload=FakeWorkload(specs), router=LeastLoadRouter(), planner=None,
+                         role_map=rm, is_async=True, ctx_quantum=1)
+        return sim.run()[0]["rollout_s"]
+
+    # each: prefill 100 tokens (0.1 s) + 10 decode iterations (0.1 s), on its own engine
+    assert rollout_s(FakeCost()) == pytest.approx(0.2)
+    assert rollout_s(OneCoreCost()) == pytest.approx(0.4)  # two busy ranks on one core
