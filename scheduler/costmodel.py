@@ -229,9 +229,10 @@ class CostModel:
         send_s = 0.0 if colocated else self.model.weight_bytes / self.hw.link_bw_bytes_s
         return gather_s + send_s + self.cfg.sync_per_device_s * num_rollout_devices
 
-    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True) -> float:
+    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
         """Switching `num_moved_devices` ranks to a new role: rebuild groups, load their new state
-        (the trainer's hand-off when its group changes; else only the weights of the next sync)."""
+        (the trainer's hand-off when its group changes; else only the weights of the next sync).
+        `busy_ranks`: ranks running meanwhile, which matters only where they share cores (a CPU profile)."""
         if num_moved_devices <= 0:
             return 0.0
         if not trainer_moved:

@@ -210,7 +210,8 @@ class GlobalPlanner:
         if not switch.moved:
             return 0.0
         drain_s = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
-        model_s = self.cm.reconfig_s(switch.moved, switch.trainer_moved) + drain_s
+        # every rank keeps running through a switch (rollout decodes on): on shared cores it is slower
+        model_s = self.cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=self.world_size) + drain_s
         return max(model_s, self.measured_reconfig_s[switch.trainer_moved])
 
     def _calibrate(self, stats: StepStats) -> None:

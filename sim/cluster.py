@@ -16,9 +16,10 @@ Algorithm:
    core may demote it. Its last turn finishes it in the core.
 3. When the core hands out a batch and the trainer is free, the trainer runs `train_s`; then
    weights sync to the rollout (`sync_s`, instances pause) and the core ends the step (row,
-   stats, planner). A new role map is applied at once: its moved ranks pay `reconfig_s`, and
-   the requests of instances that go away (or change bucket engine) re-prefill where the core
-   re-homes them; the switch waits for the tool calls of the requests it moves.
+   stats, planner). A new role map is applied at once: the switch waits for the tool calls of
+   the requests it moves, the trainer then waits `reconfig_s` (the hand-off) while the engines
+   pause only for the rebuild and the sync, and the requests of instances that go away (or
+   change bucket engine) re-prefill where the core re-homes them.
 4. On a CPU profile (`shared_cores`), ranks, tool calls and scorings share the cores: while more
    of them are busy than there are cores, every engine and the trainer run at cores/busy of
    their measured speed (processor sharing, as the OS shares the cores).
@@ -77,8 +78,8 @@ class CachedCost:
     def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
         return self.cost.sync_s(num_rollout_devices, num_trainer_devices, colocated)
 
-    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True) -> float:
-        return self.cost.reconfig_s(num_moved_devices, trainer_moved)
+    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
+        return self.cost.reconfig_s(num_moved_devices, trainer_moved, busy_ranks)
 
 
 class ClusterSim:
@@ -344,7 +345,11 @@ class ClusterSim:
             self.core.on_exported(e.request_id, self.now)
         assert self.core.drained()
         switch = switch_of(old, new)
-        cost = 0.0 if self.free_reconfig or switch.moved == 0 else self.cost.reconfig_s(switch.moved, switch.trainer_moved)
+        free = self.free_reconfig or switch.moved == 0
+        busy = new.world_size if self.cost.shared_cores else 0  # every rank runs on through a switch
+        cost = 0.0 if free else self.cost.reconfig_s(switch.moved, switch.trainer_moved, busy)
+        # engines pause for what every rank takes part in (the group rebuild, the sync), not the hand-off
+        pause = 0.0 if free else min(cost, self.cost.reconfig_s(switch.moved, False))
         drain = 0.0 if self.free_reconfig else max(0.0, drain)
         self.core.add_reconfig_s(drain + cost)
         for inst in self.instances.values():
@@ -355,7 +360,7 @@ class ClusterSim:
             req.instance_id = add.instance_id
             req.need_prefill = req.context
         for inst in self.instances.values():
-            inst.stall(self.now, cost)
+            inst.stall(self.now, pause)
         self.trainer_free_at = max(self.trainer_free_at, self.now + drain + cost)
         for req in evicted:  # an engine that went away lost its KV: the request re-prefills where the core put it
             req.need_prefill = req.context

@@ -116,3 +116,12 @@ def test_a_switch_is_charged_the_drain_of_the_longest_tool_call_seen():
     gain = cheap.current_step_s - cheap.predicted_step_s
     _, drained = _heavy_training_planner(reconfig_s=1.0, remaining_steps=10, tool_latency_s=(gain * 10,))
     assert drained is None  # the profile's figure alone would pay back; with the drain it does not
+
+
+def test_a_hand_off_beside_busy_ranks_on_shared_cores_takes_longer():
+    # The profile times the hand-off on two ranks alone; in a run the other ranks keep decoding on
+    # the same cores (smollm2 on 2 cores: 34 s in the run against 13 s alone).
+    cm = ProfiledCostModel(profile(cores=2))
+    assert cm.reconfig_s(1, busy_ranks=2) == 2.0 and cm.reconfig_s(1, busy_ranks=4) == pytest.approx(4.0)
+    assert cm.reconfig_s(1, trainer_moved=False, busy_ranks=4) == pytest.approx(0.15)  # no hand-off to slow down
+    assert ProfiledCostModel(profile()).reconfig_s(1, busy_ranks=8) == 2.0  # cores unknown: as measured

@@ -33,7 +33,7 @@ class FakeCost:
     def sync_s(self, num_rollout_devices, num_trainer_devices=1, colocated=False):
         return 0.5
 
-    def reconfig_s(self, num_moved_devices, trainer_moved=True):
+    def reconfig_s(self, num_moved_devices, trainer_moved=True, busy_ranks=0):
         return 3.0
 
 
