@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.models import build_tiny
-from engine.trainer import Trainer, TrainerConfig, plan_micro_batches, trajectory_advantages
+from engine.trainer import Trainer, TrainerConfig, load_handoff, plan_micro_batches, save_handoff, trajectory_advantages
 from engine.trajectory import Trajectory
 
 
@@ -189,6 +189,22 @@ def test_checkpoint_round_trip_resumes_identically():
     b.train_step(make_trajs(seed=1), 1)
     pa, pb = params(a), params(b)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_a_hand_off_through_a_file_resumes_identically(tmp_path):
+    # what a role switch does: the old trainer saves, a freshly built one loads (engine.worker uses these)
+    a = tiny_trainer()
+    a.train_step(make_trajs(seed=0), 0)
+    save_handoff(a, tmp_path / "v1", write=True)
+    b = tiny_trainer()
+    load_handoff(b, tmp_path / "v1", "cpu")
+    assert b.policy_version == 1 and sorted(p.name for p in (tmp_path / "v1").iterdir()) == ["trainer.pt"]
+    a.train_step(make_trajs(seed=1), 1)
+    b.train_step(make_trajs(seed=1), 1)
+    pa, pb = params(a), params(b)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    save_handoff(a, tmp_path / "v2", write=False)  # a rank that does not write takes part and leaves no file
+    assert not (tmp_path / "v2").exists()
 
 
 # ---- the whole step by hand -------------------------------------------------------------------
