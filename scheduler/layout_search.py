@@ -47,14 +47,18 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from scheduler.api import StepStats
 from scheduler.costmodel import CostModel
 from scheduler.layout import Bucket, RoleMap, RolloutInstance
+
+
+CRITICAL_CANDIDATES = 16  # longest trajectories weighed for the critical path (a planner search weighs each per layout)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +144,7 @@ class LayoutSearch:
         self.cm, self.world_size, self.buckets, self.lookahead = cm, world_size, buckets, lookahead
         self.allowed_tp, self.max_batch = allowed_tp, max_batch  # max_batch: sequences per instance, any TP
         self.min_tp, self.min_train = min_tp, min_train
-        self._tables: dict = {}  # (demand, tp) -> (T(k), P(k)), valid for one search
+        self._tables: dict = {}  # (demand without its path piece, tp) -> T(k), valid for one search
         self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
         self._sorted: tuple[list[int], list[int], list[tuple[int, int]]] = ([], [], [])
 
@@ -215,7 +219,7 @@ class LayoutSearch:
         token-limit demotion). Until then it decodes on the shorter buckets' instances, at their
         TP. With few turns (math) the first turn holds most of a long trajectory's tokens, so the
         TP and load of the first buckets are on the critical path; with many (swe) the signal
-        comes early and the last bucket holds nearly all of it. Among the longest 1% of the
+        comes early and the last bucket holds nearly all of it. Among the 16 longest of the
         sample, the critical one has the slowest single-stream path. Signals unknown: every
         trajectory is taken to reach the last bucket at once."""
         lens, _, top = self._sorted_sample(wl)
@@ -238,21 +242,18 @@ class LayoutSearch:
         return worst[1]
 
     def _sorted_sample(self, wl: Workload) -> tuple[list[int], list[int], list[tuple[int, int]]]:
-        """Sorted lengths, their prefix sums, and (total, signal) of the longest 1% (at least 8) when signals are known."""
+        """Sorted lengths, their prefix sums, and (total, signal) of the `CRITICAL_CANDIDATES` longest when signals are known."""
         if self._sorted_for is not wl:  # sort once per workload; each call is then O(buckets log n)
             lens = sorted(wl.trajectory_tokens)
             pairs = sorted(zip(wl.trajectory_tokens, wl.signal_tokens), reverse=True) if wl.signal_tokens else []
             self._sorted_for = wl
-            self._sorted = (lens, [0, *itertools.accumulate(lens)], pairs[:max(8, len(pairs) // 100)])
+            self._sorted = (lens, [0, *itertools.accumulate(lens)], pairs[:CRITICAL_CANDIDATES])
         return self._sorted
 
     def demands_on(self, wl: Workload, active: tuple[int, ...], tps: tuple[int, ...]) -> list[Demand]:
-        """`demands` with the critical trajectory's piece in each bucket; the last bucket's own
-        longest segment is what that trajectory still decodes there."""
+        """`demands` with the critical trajectory's piece in each bucket (`path_s`)."""
         pieces = self.critical_pieces(wl, active, tps)
-        out = [dataclasses.replace(d, path_tokens=n, path_from=at) for d, (n, at) in zip(self.demands(wl, active), pieces)]
-        out[-1] = dataclasses.replace(out[-1], longest=pieces[-1][0])
-        return out
+        return [dataclasses.replace(d, path_tokens=n, path_from=at) for d, (n, at) in zip(self.demands(wl, active), pieces)]
 
     def _prefill_per_token_s(self, tp: int) -> float:
         return self.cm.prefill_s(1024, tp) / 1024  # tool outputs arrive in chunks of a few hundred to a few thousand
@@ -288,27 +289,30 @@ class LayoutSearch:
                 for combo in itertools.combinations_with_replacement(tps, r):
                     yield active, combo
 
-    def _table(self, d: Demand, tp: int, wl: Workload) -> tuple[list[float], list[float]]:
-        """T(k) and the critical trajectory's time there P(k) for k = 1.. instances, cut once T is
-        within 1% of the single-stream tail (more cannot help)."""
-        key = (d, tp)
-        if key in self._tables:
-            return self._tables[key]
+    def _table(self, d: Demand, tp: int, wl: Workload) -> tuple[list[float], Callable[[int], float]]:
+        """T(k) for k = 1.. instances, cut once within 1% of the single-stream tail (more cannot
+        help), and P(k), the critical trajectory's time there (computed only where asked)."""
         tool = wl.tool_s_per_token
-        floor = self.tail_s(d, tp, 1, tool)
-        kmax = max(1, min(math.ceil(d.n), self.world_size // tp))
-        times, paths, best = [], [], math.inf
-        for k in range(1, kmax + 1):
-            best = min(best, self.bucket_s(d, {tp: k}, tool))
-            times.append(best)
-            paths.append(self.path_s(d, tp, k, tool))
-            if best <= floor * 1.01:
-                break
-        self._tables[key] = times, paths
-        return times, paths
+        own = (dataclasses.replace(d, path_tokens=0, path_from=0), tp)  # T(k) is the same whatever crosses the bucket
+        if own not in self._tables:
+            floor = self.tail_s(d, tp, 1, tool)
+            kmax = max(1, min(math.ceil(d.n), self.world_size // tp))
+            times, best = [], math.inf
+            for k in range(1, kmax + 1):
+                best = min(best, self.bucket_s(d, {tp: k}, tool))
+                times.append(best)
+                if best <= floor * 1.01:
+                    break
+            self._tables[own] = times
+
+        @functools.cache
+        def path(k: int) -> float:
+            return self.path_s(d, tp, k, tool)
+        return self._tables[own], path
 
     @staticmethod
-    def _frontier(tables: list[tuple[list[float], list[float]]], tps: tuple[int, ...]) -> list[tuple[float, int, list[int]]]:
+    def _frontier(tables: list[tuple[list[float], Callable[[int], float]]],
+                  tps: tuple[int, ...]) -> list[tuple[float, int, list[int]]]:
         """(rollout time, devices, instances per bucket) for each candidate time, ascending in time
         and strictly descending in devices: the fewest instances per bucket whose own time fits,
         then the critical trajectory's path through them (it can exceed every bucket's own time)."""
@@ -320,7 +324,7 @@ class LayoutSearch:
             if t < floor:
                 continue
             ks = [bisect.bisect_left(neg, -t) + 1 for neg in negs]
-            path = sum(paths[k - 1] for (_, paths), k in zip(tables, ks))
+            path = sum(path_of(k) for (_, path_of), k in zip(tables, ks))
             points.append((max(t, path), sum(tp * k for tp, k in zip(tps, ks)), ks))
         out: list[tuple[float, int, list[int]]] = []
         for point in sorted(points, key=lambda p: (p[0], p[1])):
