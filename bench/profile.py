@@ -35,7 +35,7 @@ import torch
 
 from engine.devices import DeviceInfo
 from engine.launch import spawn
-from scheduler.profile import HardwareProfile
+from scheduler.profile import HANDOFF_RANKS, HardwareProfile
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -162,7 +162,7 @@ def measure_comm(num_params: int, ranks: int) -> dict:
 def measure_handoff(model_spec: str) -> dict:
     """Seconds the old trainer takes to save the hand-off, and the new two-rank group to build and load it."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = spawn(_handoff_rank, 2, (model_spec, tmp), device_info=DeviceInfo("cpu", 2), timeout_s=900)
+        results = spawn(_handoff_rank, HANDOFF_RANKS, (model_spec, tmp), device_info=DeviceInfo("cpu", 2), timeout_s=900)
     out = {"save_s": results[0]["save_s"], "load_s": max(r["load_s"] for r in results)}
     print(f"  hand-off: save {out['save_s']:.2f} s, build + load on 2 trainer ranks {out['load_s']:.2f} s", flush=True)
     return out
