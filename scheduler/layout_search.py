@@ -251,9 +251,12 @@ class LayoutSearch:
         return self._sorted
 
     def demands_on(self, wl: Workload, active: tuple[int, ...], tps: tuple[int, ...]) -> list[Demand]:
-        """`demands` with the critical trajectory's piece in each bucket (`path_s`)."""
+        """`demands` with the critical trajectory's piece in each bucket (`path_s`); the last
+        bucket's own longest segment is what that trajectory still decodes there."""
         pieces = self.critical_pieces(wl, active, tps)
-        return [dataclasses.replace(d, path_tokens=n, path_from=at) for d, (n, at) in zip(self.demands(wl, active), pieces)]
+        out = [dataclasses.replace(d, path_tokens=n, path_from=at) for d, (n, at) in zip(self.demands(wl, active), pieces)]
+        out[-1] = dataclasses.replace(out[-1], longest=pieces[-1][0])
+        return out
 
     def _prefill_per_token_s(self, tp: int) -> float:
         return self.cm.prefill_s(1024, tp) / 1024  # tool outputs arrive in chunks of a few hundred to a few thousand
