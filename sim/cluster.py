@@ -307,8 +307,8 @@ class ClusterSim:
         num_trainer = len(self.role_map.trainer_ranks)
         # the real trainer skips a step in which no group's rewards differ: its gradient is zero
         dur = self.cost.train_s(tokens, num_trainer) if has_signal(batch.payloads) else 0.0
+        self.training = dur > 0
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
-            self.training = True
             cores = self.cost.shared_cores
             dur *= max(1.0, self._busy_processes() / cores) / max(1.0, num_trainer / cores)
         self.trainer_busy = True
