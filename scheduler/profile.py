@@ -114,6 +114,12 @@ class HardwareProfile:
         return cls.from_dict(data)
 
 
+def shared_core_slowdown(busy: float, cores: int, measured_busy: float = 1) -> float:
+    """How much slower work runs with `busy` processes on `cores` shared cores than it did when it
+    was measured with `measured_busy` of them (processor sharing: each gets cores/busy of a core)."""
+    return max(1.0, busy / cores) / max(1.0, measured_busy / cores)
+
+
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise linear through (xs, ys) (xs sorted); linear extension past both ends, never below 0."""
     if len(xs) == 1:
@@ -139,6 +145,8 @@ class ProfiledCostModel(CostModel):
         pre = sorted(profile.prefill)
         self._prefill = ([float(n) for n, _ in pre], [t for _, t in pre])
         self._train = sorted(profile.train_tokens_per_s.items())
+        gathers = sorted(profile.gather_s.items())
+        self._gather = ([float(k) for k, _ in gathers], [v for _, v in gathers])
 
     def _tp_ratio(self, tp: int, batch: float, context: float) -> float:
         return 1.0 if tp <= 1 else super().decode_step_s(batch, context, tp) / super().decode_step_s(batch, context, 1)
@@ -176,8 +184,7 @@ class ProfiledCostModel(CostModel):
     def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
         if num_rollout_devices < 1:
             return 0.0
-        gathers = sorted(self.profile.gather_s.items())
-        gather = _interp([float(k) for k, _ in gathers], [v for _, v in gathers], float(num_trainer_devices)) if gathers else 0.0
+        gather = _interp(*self._gather, float(num_trainer_devices)) if self._gather[0] else 0.0
         return gather + (0.0 if colocated else self.profile.sync_s)
 
     def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
@@ -187,10 +194,9 @@ class ProfiledCostModel(CostModel):
             return self.profile.group_rebuild_s + self.profile.sync_s
         # the hand-off was timed on HANDOFF_RANKS ranks alone; during a run the other ranks keep
         # decoding on the same cores (measured: smollm2 on 2 cores, 34 s against 13 s alone)
-        cores = self.profile.cores
-        if not cores or busy_ranks <= HANDOFF_RANKS:
+        if not self.profile.cores or busy_ranks <= HANDOFF_RANKS:
             return self.profile.reconfig_s
-        return self.profile.reconfig_s * max(1.0, busy_ranks / cores) / max(1.0, HANDOFF_RANKS / cores)
+        return self.profile.reconfig_s * shared_core_slowdown(busy_ranks, self.profile.cores, HANDOFF_RANKS)
 
 
 def load_cost_model(path: str | Path) -> ProfiledCostModel:

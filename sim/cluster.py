@@ -36,6 +36,7 @@ import logging
 from scheduler import stepcore as core
 from scheduler.layout import RoleMap
 from scheduler.layout_search import switch_of
+from scheduler.profile import shared_core_slowdown
 from sim.instance import SimInstance, SimRequest
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ class ClusterSim:
         A change of that share re-times every engine; re-timing can start a queued batch, so repeat
         until it settles."""
         for _ in range(4):
-            slowdown = max(1.0, self._busy_processes() / self.cost.shared_cores)
+            slowdown = shared_core_slowdown(self._busy_processes(), self.cost.shared_cores)
             if slowdown == self.slowdown:
                 return
             for inst in self.instances.values():
@@ -309,8 +310,7 @@ class ClusterSim:
         dur = self.cost.train_s(tokens, num_trainer) if has_signal(batch.payloads) else 0.0
         self.training = dur > 0
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
-            cores = self.cost.shared_cores
-            dur *= max(1.0, self._busy_processes() / cores) / max(1.0, num_trainer / cores)
+            dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores, num_trainer)
         self.trainer_busy = True
         self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens))
 
