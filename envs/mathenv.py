@@ -10,12 +10,16 @@ Algorithm:
 2. Tool `python(code)` writes the code to the episode's sandbox work dir and runs it
    (envs/sandbox.py): stdout/stderr come back, status success/failure/timeout.
 3. The answer goes in `\\boxed{...}` (last one counts); reward 1 when it is equivalent to the
-   gold answer (`math_verify`, after an exact-string fast path), else 0.
+   gold answer (envs/math_grade.py: an exact match, else math_verify in a worker process,
+   bounded in time and right on any thread), else 0; the reward says why (correct, wrong,
+   no_answer, timeout, grader_error).
 
 Tasks can also come from a verl-schema file (`data_path`, DAPO-Math rows; envs/datasets.py).
 
 Invariants (tests/test_envs_math.py): same seed -> byte-identical tasks; the oracle agent scores
-1 and the wrong agent 0; `\\frac{1}{2}` and `0.5` are equivalent; malformed calls give failures.
+1 and the wrong agent 0; equivalent forms (`0.5`/`\\frac{1}{2}`, `96.0`, `x = 96`, `\\dfrac`,
+`p/q`, units, intervals) score 1 and junk 0 on a worker thread and through the coordinator;
+malformed calls give failures.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import comb
 
-from envs.base import Episode, Task, ToolCall, ToolCallError, ToolResult, dispatch, system_prompt, tool_schema
+from envs.base import Episode, Reward, Task, ToolCall, ToolCallError, ToolResult, dispatch, system_prompt, tool_schema
 from envs.config import EnvConfig
 from envs.datasets import load_verl_tasks
 from envs.hostfs import write_file
+from envs.math_grade import MathGrader
 from envs.sandbox import Sandbox, SandboxConfig
 
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivan", "Jia", "Kofi", "Lena")
@@ -47,9 +52,12 @@ class MathConfig:
     max_output_bytes: int = 8192  # stdout/stderr each cut to this
     max_code_bytes: int = 32768  # longer code is refused with a failure result
     max_concurrent: int = 8  # python calls running at once across episodes
+    grade_timeout_s: float = 5.0  # wall limit of one answer comparison (math_verify in a worker)
+    grade_workers: int = 2  # comparison worker processes
 
     def __post_init__(self):
-        for name in ("num_tasks", "timeout_s", "memory_mb", "max_output_bytes", "max_code_bytes", "max_concurrent"):
+        for name in ("num_tasks", "timeout_s", "memory_mb", "max_output_bytes", "max_code_bytes", "max_concurrent",
+                     "grade_timeout_s", "grade_workers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"MathConfig.{name}={getattr(self, name)} must be > 0; pass a positive value.")
 
@@ -127,15 +135,7 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def answers_equal(pred: str, gold: str) -> bool:
-    if pred.replace(" ", "") == gold.replace(" ", ""):
-        return True
-    from math_verify import parse, verify  # sympy-heavy: imported on first non-trivial comparison
-
-    try:
-        return bool(verify(parse(f"${gold}$"), parse(f"${pred}$")))
-    except Exception:  # noqa: BLE001 - math_verify raises assorted sympy errors on junk: junk is wrong
-        return False
+_REASONS = {"exact": "correct", "verified": "correct", "not_equal": "wrong"}  # else timeout / grader_error
 
 
 class MathEpisode:
@@ -156,12 +156,12 @@ class MathEpisode:
         return dispatch(call, self.task.tools, {"python": self._python}, max_arg_bytes=self.env.cfg.max_code_bytes,
                         faults=self.env.faults)
 
-    def score(self, final_text: str) -> float:
+    def score(self, final_text: str) -> Reward:
         pred = last_boxed(final_text)
         if pred is None:
-            return 0.0
-        gold = self.task.answer["answer"] if isinstance(self.task.answer, dict) else str(self.task.answer)
-        return 1.0 if answers_equal(pred, gold) else 0.0
+            return Reward(0.0, "no_answer")
+        equal, why = self.env.grader.equal(pred, _gold(self.task))
+        return Reward(1.0 if equal else 0.0, _REASONS.get(why, why))
 
     def close(self) -> None:
         if self.workdir.exists():
@@ -181,6 +181,7 @@ class MathEnv:
             env_cfg, timeout_s=cfg.timeout_s, cpu_s=max(1, int(cfg.timeout_s)), memory_mb=cfg.memory_mb,
             max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent))
         self.sandbox.check_interpreter(["-c", "pass"], "its standard library")
+        self.grader = MathGrader(timeout_s=cfg.grade_timeout_s, num_workers=cfg.grade_workers)
         self.faults: collections.Counter = collections.Counter()  # "tool:ExceptionType" of model-caused tool errors
         if data_path is not None:
             self._tasks = load_verl_tasks(data_path, bench="math", tools=(PYTHON_TOOL,), system=SYSTEM)[:num_tasks]
@@ -207,7 +208,7 @@ class MathEnv:
         return MathEpisode(self, task)
 
     def close(self) -> None:
-        pass
+        self.grader.close()
 
 
 def _call(code: str) -> str:

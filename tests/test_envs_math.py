@@ -1,13 +1,15 @@
 """math env: deterministic problems, sandboxed python tool, boxed-answer equivalence, scripted agents."""
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 import pytest
 
 from envs.base import ToolCall, run_scripted
-from envs.mathenv import MathConfig, MathEnv, answers_equal, format_answer, last_boxed, oracle_actions, wrong_actions
+from envs.math_grade import MathGrader
+from envs.mathenv import MathConfig, MathEnv, format_answer, last_boxed, oracle_actions, wrong_actions
 from envs.registry import make_env
 
 
@@ -73,10 +75,29 @@ def test_last_boxed(text, boxed):
     assert last_boxed(text) == boxed
 
 
-def test_equivalence_and_formatting():
+def test_formatting():
     assert format_answer(Fraction(-7, 2)) == "-\\frac{7}{2}" and format_answer(Fraction(6, 3)) == "2"
-    assert answers_equal("0.5", "\\frac{1}{2}") and answers_equal("\\frac{2}{4}", "\\frac{1}{2}")
-    assert not answers_equal("3", "4") and not answers_equal("}{junk", "4")
+
+
+def test_equivalence_off_the_main_thread_is_bounded_and_survives_a_killed_worker():
+    grader = MathGrader(timeout_s=2.0, num_workers=1)
+    try:
+        with ThreadPoolExecutor(2) as pool:  # where the coordinator scores: not the main thread
+            assert pool.submit(grader.equal, "96.0", "96").result() == (True, "verified")
+            assert pool.submit(grader.equal, "3", "4").result() == (False, "not_equal")
+            assert pool.submit(grader.equal, "0.5", "0.5").result() == (True, "exact")
+            t0 = time.monotonic()
+            assert pool.submit(grader.equal, "9^{9^{9^{9}}}", "4").result() == (False, "timeout")
+            assert time.monotonic() - t0 < 2.0 + 1.0
+        assert grader.equal("x = 96", "96") == (True, "verified")  # a fresh worker took over
+        grader._all[0].proc.kill()  # a worker that dies under a comparison
+        grader._all[0].proc.wait()
+        assert grader.equal("\\dfrac{1}{2}", "0.5") == (False, "grader_error")
+        assert grader.equal("\\dfrac{1}{2}", "0.5") == (True, "verified")
+    finally:
+        grader.close()
+    with pytest.raises(ValueError, match=r"timeout_s=0 must be > 0"):
+        MathGrader(timeout_s=0)
 
 
 def test_dapo_rows(tmp_path):
