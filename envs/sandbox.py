@@ -8,11 +8,12 @@ Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
    cgroups, mounts a fresh read-only root that holds only the system dirs, the interpreter, a
    private /tmp and /run and the work dir (envs/sandbox_fs.py), reports success on a private
    pipe, and execs the command chrooted there as a non-root uid without capabilities, under
-   `prlimit`. The network namespace has no interfaces, so every connect fails; the PID
-   namespace is the cleanup boundary.
+   `prlimit` and the guard (envs/sandbox_guard.py: every inherited fd but the passed ones
+   closed, a seccomp filter that refuses unix and every other non-IP socket). The network
+   namespace has no interfaces, so every connect fails; the PID namespace is the cleanup boundary.
    rlimits mode (only when asked for: `isolation="rlimits"`, with a warning naming what it
-   lacks): the same cgroups and rlimits, as uid 65534 when we are root, no_new_privs, cleanup by
-   cgroup kill (or marker, session and orphan sweeps).
+   lacks): the same cgroups, rlimits and guard, as uid 65534 when we are root, no_new_privs,
+   cleanup by cgroup kill (or marker, session and orphan sweeps).
 3. Wait up to the wall timeout; then kill every process of the call (status "timeout" if it had
    to be killed before it exited), read the cgroup's stats into `info`, remove the cgroups.
 4. Read at most `max_output_bytes` of stdout/stderr from unlinked temp files, release the slot.
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from envs import sandbox_cgroup as cg
 from envs import sandbox_fs as sfs
+from envs import sandbox_guard
 from envs import sandbox_procs as sp
 from envs.base import ToolInfraError
 from envs.config import SandboxConfig, SandboxResult
@@ -58,6 +60,7 @@ _ENVS_DIR = Path(__file__).resolve().parent
 _DATA_DIRS = tuple(str(_ENVS_DIR / d) for d in ("swe_projects", "swe_tasks", "swe_hidden"))  # what a policy must not read
 
 
+_GUARD_SOURCE = Path(sandbox_guard.__file__).read_text()
 _probe_lock = threading.Lock()
 _probe_cache: dict[tuple, str | None] = {}
 _warned: set[str] = set()
@@ -83,11 +86,12 @@ class Sandbox:
         bound = [*sfs.SYSTEM_DIRS, *self._exposed]
         hidden = [*cfg.hidden_paths, *(_DATA_DIRS if cfg.hide_project else ())]
         self._hidden = [h for h in hidden if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
-        self._sockets = [s for s in sfs.sockets_under(["/etc", *self._exposed]) if not any(sfs.under(s, h) for h in self._hidden)]
         sup = cg.support() if cfg.use_cgroup else None
         self._cgroups = sup if sup is not None and (sup.parents or sup.tracker is not None) else None
         self._workdir_tmpfs = self._probe_workdir_tmpfs()
+        self._guard_python = os.path.abspath(sys.executable)  # what the namespace probe runs; rlimits mode may need another
         self._use_ns = self._choose_isolation()
+        self._guard_python = self._pick_guard_python()
 
     def _probe_workdir_tmpfs(self) -> bool:
         if not self._as_root:
@@ -125,6 +129,17 @@ class Sandbox:
             logger.warning("sandbox (namespaces) lacks: %s", self._lacks)
         return True
 
+    def _pick_guard_python(self) -> str:
+        """An interpreter the sandbox uid can run for the guard: ours, or (rlimits mode as root, ours
+        under /root) a system python3; RuntimeError when there is none."""
+        if self._use_ns or not self._as_root or sfs.world_executable(sys.executable):
+            return os.path.abspath(sys.executable)
+        for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+            if os.path.exists(candidate) and sfs.world_executable(candidate):
+                return candidate
+        raise RuntimeError(f"sandbox (rlimits, uid {self._uid}): uid {self._uid} cannot run {sys.executable} and there is "
+                           "no system python3; install python3 under /usr or use --env.isolation auto")
+
     def _limit_lacks(self) -> list[str]:
         """What limits this machine cannot give, in either mode."""
         out = []
@@ -138,7 +153,7 @@ class Sandbox:
         return out
 
     def _rlimits_lacks(self) -> str:
-        lacks = ("no network namespace (loopback ports, e.g. the torch TCPStore, and host unix sockets are reachable); "
+        lacks = ("no network namespace (loopback ports, e.g. the torch TCPStore, are reachable); "
                  "no private filesystem (the command sees every file uid %d may read, e.g. other checkouts with the swe "
                  "projects' unbroken sources, so swe rewards can be earned without a fix, and work dirs of other episodes); "
                  "no read-only binds, no private /tmp or /run" % self._uid)
@@ -228,6 +243,9 @@ class Sandbox:
                 return
         with self.workdir("probe") as w:
             r = self.run([sys.executable, *args], cwd=w, timeout_s=30.0)
+        if r.returncode == sandbox_guard.GUARD_FAILED:
+            raise RuntimeError(f"sandbox: {r.stderr.strip()[-300:]}; the kernel must allow seccomp filters "
+                               "(CONFIG_SECCOMP_FILTER, and no container profile that forbids them)")
         if r.returncode != 0:
             raise RuntimeError(
                 f"sandbox ({'namespaces' if self._use_ns else 'rlimits'}, uid {self._uid}) cannot run {sys.executable} "
@@ -253,10 +271,11 @@ class Sandbox:
                               max_file_bytes=c.max_file_mb << 20, max_open_files=c.max_open_files)
 
     def _command(self, argv: list[str], cwd: Path, ok_fd: int, group: cg.CallGroup | None, use_ns: bool,
-                 read_only: bool = False) -> tuple[list[str], Path | None]:
+                 read_only: bool = False, keep_fds: tuple[int, ...] = ()) -> tuple[list[str], Path | None]:
         """The wrapped command and the per-call fstab it reads (None in rlimits mode)."""
         procs = group.procs_files if group is not None else []
-        command = [*self._limits(), *argv]
+        guard = [self._guard_python, "-S", "-c", _GUARD_SOURCE, ",".join(map(str, keep_fds)), "--"]
+        command = [*self._limits(), *guard, *argv]
         if not use_ns:
             return sp.rlimits_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd,
                                    cgroup_procs=procs, command=command), None
@@ -264,7 +283,7 @@ class Sandbox:
         fstab = self._newroot.parent / f"fstab-{uuid.uuid4().hex}"
         fstab.write_text(sfs.fstab(newroot=self._newroot, devskel=self._devskel, cwd=cwd_real, exposed=self._exposed,
                                    hidden=[h for h in self._hidden if not sfs.under(cwd_real, h)],
-                                   sockets=self._sockets, tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only))
+                                   tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only))
         return sp.ns_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd, cgroup_procs=procs,
                           fstab=fstab, newroot=self._newroot, cwd=cwd_real, command=command), fstab
 
@@ -310,7 +329,7 @@ class Sandbox:
                     inp.write(stdin.encode("utf-8", "replace"))
                     inp.seek(0)
                 t0 = time.monotonic()
-                command, fstab = self._command(argv, cwd, ok_w, group, use_ns, read_only)
+                command, fstab = self._command(argv, cwd, ok_w, group, use_ns, read_only, keep_fds=pass_fds)
                 try:
                     proc = sp.start(lambda: subprocess.Popen(
                         command, cwd=cwd, stdin=inp, stdout=out, stderr=err, env=self._env(cwd, env, marker),

@@ -9,9 +9,9 @@ New root, built by one `mount -a` over a per-call fstab inside the call's own mo
   4. one size-limited tmpfs serves /tmp, /var/tmp and /dev/shm; /run is a private tmpfs;
   5. the work dir is bound read-write at its own path (read-only for grading runs).
 Nothing else of the host exists there: no /home or /root, no checkout, no other episode's work
-dir, no host socket (/run and /tmp are private; sockets found once under the bound non-system
-dirs and /etc are covered by /dev/null), and the swe data dirs are covered by an empty tmpfs when
-a bound dir contains them. The command is then chrooted into it by `unshare --root`, as a
+dir, and the swe data dirs are covered by an empty tmpfs when a bound dir contains them. Unix
+sockets that remain visible in the bound dirs cannot be used: the guard's seccomp filter refuses
+every unix socket (envs/sandbox_guard.py). The command is then chrooted into it by `unshare --root`, as a
 non-root uid of a fresh user namespace (envs/sandbox_procs.py): no capabilities, so no mount,
 umount, chroot or new namespace.
 
@@ -30,15 +30,14 @@ import ctypes
 import errno
 import os
 import shutil
+import subprocess
 import stat
 import sys
-import threading
 from pathlib import Path
 
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
-_SOCKET_SCAN_MAX_ENTRIES = 50_000
 _MNT_DETACH = 2
 _WORKDIR_FS = "libra-wd"  # mount source name: libra-wd-<pid>, so a dead owner's mounts can be swept
 
@@ -82,43 +81,19 @@ def interpreter_dirs(extra: tuple[str, ...] = ()) -> list[str]:
     return [d for d in keep if not any(d != o and under(d, o) for o in keep)]
 
 
-_socket_cache: dict[str, list[str]] = {}
-_socket_lock = threading.Lock()
-
-
-def sockets_under(dirs: list[str]) -> list[str]:
-    """Unix socket files under `dirs` (first 50k entries of each; cached per dir for the process)."""
-    out = []
-    with _socket_lock:
-        for d in dirs:
-            if d not in _socket_cache:
-                _socket_cache[d] = _scan_sockets(d)
-            out.extend(_socket_cache[d])
-    return out
-
-
-def _scan_sockets(root: str) -> list[str]:
-    found, stack, seen = [], [root], 0
-    while stack and seen < _SOCKET_SCAN_MAX_ENTRIES:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for e in it:
-                    seen += 1
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stat.S_ISSOCK(st.st_mode):
-                        found.append(e.path)
-                    elif stat.S_ISDIR(st.st_mode):
-                        stack.append(e.path)
-        except OSError:
-            continue
-    return found
+def world_executable(path: str) -> bool:
+    """Whether any uid may run `path`: the file and every dir above it are executable by others."""
+    real = os.path.realpath(path)
+    parts = real.split("/")
+    dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
+    try:
+        return all(os.stat(d).st_mode & stat.S_IXOTH for d in dirs) and bool(os.stat(real).st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
 
 
 def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden: list[str],
-          sockets: list[str], tmpfs_mb: int, cwd_read_only: bool = False) -> str:
+          tmpfs_mb: int, cwd_read_only: bool = False) -> str:
     """The mounts that build the new root, in an order where every parent comes first."""
     nr = str(newroot)
     ro = "bind,ro,nosuid,nodev,X-mount.mkdir"
@@ -137,7 +112,6 @@ def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden:
     rows += [f"{_q(d)} {_q(nr + d)} none {ro} 0 0" for d in sorted(exposed, key=len)]
     rows.append(f"{_q(cwd)} {_q(nr + cwd)} none bind,{'ro,' if cwd_read_only else ''}nosuid,nodev,X-mount.mkdir 0 0")
     rows += [f"none {_q(nr + h)} tmpfs size=4k,mode=755,nosuid,nodev 0 0" for h in sorted(hidden, key=len)]
-    rows += [f"/dev/null {_q(nr + s)} none bind 0 0" for s in sockets]
     return "\n".join(rows) + "\n"
 
 
@@ -186,12 +160,28 @@ def sweep_workdir_mounts(root: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """rmtree that first gives back permissions the model took away (a dir of mode 000)."""
+    """rmtree that first gives back permissions the model took away (a dir of mode 000), and copes
+    with trees nested past Python's recursion limit and PATH_MAX (coreutils walk them with fds)."""
     try:
         shutil.rmtree(path)
+        return
     except PermissionError:
+        pass
+    except (RecursionError, OSError):  # ENAMETOOLONG, or too deep for shutil's recursion
+        _remove_deep(path)
+        return
+    try:
         _give_back_dirs(path)
         shutil.rmtree(path)
+    except (RecursionError, OSError):
+        _remove_deep(path)
+
+
+def _remove_deep(path: Path) -> None:
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], capture_output=True, timeout=120)
+    r = subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True, text=True, timeout=120)
+    if os.path.lexists(path):
+        raise OSError(f"could not remove {path}: {r.stderr.strip()[:200]}")
 
 
 def _give_back_dirs(path: Path) -> None:

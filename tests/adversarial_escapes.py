@@ -110,24 +110,85 @@ def loopback_port(ctx):
     return Outcome("BLOCKED" in out, out.strip()[:80])
 
 
+def _host_unix_socket(d: str, kind=socket.SOCK_STREAM) -> tuple[socket.socket, str]:
+    path = os.path.join(d, f"libra-adv-{uuid.uuid4().hex[:8]}.sock")
+    srv = socket.socket(socket.AF_UNIX, kind)
+    srv.bind(path)
+    os.chmod(path, 0o777)
+    if kind == socket.SOCK_STREAM:
+        srv.listen(1)
+    return srv, path
+
+
+_CONNECT = ("import socket\n"
+            "try:\n    s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect({path!r}); print('CONNECTED')\n"
+            "except OSError as e: print('BLOCKED', e.errno)\n")
+
+
 @attack("escape")
 def unix_socket_outside_hidden_dirs(ctx):
     d = ctx.socket_dir or ("/run" if os.access("/run", os.W_OK) else "")
     if not d:
         return Outcome(True, "skipped: no writable socket dir")
-    path = os.path.join(d, f"libra-adv-{uuid.uuid4().hex[:8]}.sock")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    os.chmod(path, 0o777)
-    srv.listen(1)
+    srv, path = _host_unix_socket(d)
     try:
-        code = (f"import socket\ns = socket.socket(socket.AF_UNIX); s.settimeout(2)\n"
-                f"try:\n    s.connect({path!r}); print('CONNECTED')\nexcept OSError as e: print('BLOCKED', e.errno)")
-        out = run_py(ctx, code)
+        out = run_py(ctx, _CONNECT.format(path=path))
     finally:
         srv.close()
         os.unlink(path)
     return Outcome("BLOCKED" in out, out.strip()[:80])
+
+
+@attack("escape")
+def unix_socket_made_after_start_in_a_bound_dir(ctx):
+    """A host socket made after the sandbox started, in a dir the sandbox binds (the interpreter's prefix)."""
+    ctx.math_env()  # the sandbox exists before the socket does
+    d = next((p for p in (sys.prefix, os.path.dirname(sys.executable)) if os.access(p, os.W_OK)), "")
+    if not d:
+        return Outcome(True, "skipped: no writable bound dir")
+    srv, path = _host_unix_socket(d)
+    dgram, dpath = _host_unix_socket(d, socket.SOCK_DGRAM)
+    try:
+        out = run_py(ctx, _CONNECT.format(path=path) + (
+            "try:\n    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'x', %r); print('SENT')\n"
+            "except OSError as e: print('BLOCKED', e.errno)\n" % dpath))
+    finally:
+        for sock, p in ((srv, path), (dgram, dpath)):
+            sock.close()
+            os.unlink(p)
+    return Outcome(out.count("BLOCKED") == 2, out.strip()[:120])
+
+
+@attack("escape")
+def non_ip_socket_families(ctx):
+    """vsock reaches the VM host and netlink the kernel; only TCP/UDP (useless without interfaces) may be opened."""
+    code = ("import socket\nfor fam in (40, 16, 17, 1):\n"
+            "    try: socket.socket(fam, socket.SOCK_DGRAM if fam == 17 else socket.SOCK_STREAM if fam in (1, 40) else socket.SOCK_RAW); print('OPENED', fam)\n"
+            "    except OSError as e: print('BLOCKED', fam, e.errno)\n")
+    out = run_py(ctx, code)
+    return Outcome("OPENED" not in out and out.count("BLOCKED") == 4, out.strip().replace("\n", "; ")[:160])
+
+
+@attack("escape")
+def reopen_setup_pipe_through_proc(ctx):
+    """Every descriptor the sandbox inherits is reachable again read-write through /proc/self/fd:
+    draining the set-up pipe made the next calls fail as infra errors (a dropped trajectory, not a 0)."""
+    code = ("import os\nopen_fds = []\n"
+            "for fd in os.listdir('/proc/self/fd'):\n"
+            "    if int(fd) > 2:\n"
+            "        try:\n"
+            "            f = os.open('/proc/self/fd/' + fd, os.O_RDONLY | os.O_NONBLOCK); os.read(f, 64); open_fds.append(fd)\n"
+            "        except OSError: pass\n"
+            "print('HOST_FDS', open_fds)\n")
+    env = ctx.math_env()
+    ep = env.start(env.tasks()[0])
+    try:
+        outs = [ep.execute(call("python", code=code)) for _ in range(3)]
+    finally:
+        ep.close()
+    texts = [r.text.strip() for r in outs]
+    # the listing's own fd is gone by the time it is read, so nothing may have been readable
+    return Outcome(all(r.status == "success" and "HOST_FDS []" in r.text for r in outs), " | ".join(texts)[:160])
 
 
 _SWAP_LOOP = (

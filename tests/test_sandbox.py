@@ -176,14 +176,13 @@ def test_pass_fds_and_read_only_workdir(ns_sandbox):
 
 def test_fstab_binds_only_the_workdir_writable():
     rows = sfs.fstab(newroot=Path("/rt/root"), devskel=Path("/rt/dev"), cwd="/tmp/libra-sandbox/w",
-                     exposed=["/tmp/ci/.venv"], hidden=["/tmp/ci/.venv/swe_tasks"], sockets=["/etc/s.sock"], tmpfs_mb=64).splitlines()
+                     exposed=["/tmp/ci/.venv"], hidden=["/tmp/ci/.venv/swe_tasks"], tmpfs_mb=64).splitlines()
     binds = [r.split() for r in rows if "bind" in r.split()[3]]
     writable = [b[1] for b in binds if "ro" not in b[3].split(",") and not b[0].startswith(("/dev/", "/proc", "/rt/root/tmp"))]
     assert writable == ["/rt/root/tmp/libra-sandbox/w"], writable
     # the private /tmp comes before the venv bound under it, which comes before what hides its data
     at = {b[1]: i for i, b in enumerate(r.split() for r in rows)}
     assert at["/rt/root/tmp"] < at["/rt/root/tmp/ci/.venv"] < at["/rt/root/tmp/ci/.venv/swe_tasks"]
-    assert "/dev/null /rt/root/etc/s.sock none bind 0 0" in rows
 
 
 def test_auto_never_falls_back_silently(monkeypatch):

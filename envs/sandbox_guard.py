@@ -1,0 +1,92 @@
+"""The last step before a sandboxed command: no host descriptor left, no way to open a unix socket.
+
+Runs inside the sandbox as `python -S -c <this file's source> KEEP_FDS -- ARGV...` (the
+checkout is not visible there, so the source travels on the command line), then execs ARGV:
+  1. closes every inherited descriptor above 2 except KEEP_FDS (comma-separated), e.g. the
+     set-up pipe the init shell wrote its verdict to (dash cannot close an fd above 9, and an
+     open fd can be reopened read-write through /proc/self/fd/N);
+  2. sets no_new_privs and installs a seccomp filter (raw BPF, no library) that answers EACCES to
+     socket() of any family but AF_INET/AF_INET6 (which the empty network namespace makes
+     useless), to datagram socketpair() (a datagram socket can sendto() any path), and to
+     io_uring_setup() (io_uring can create sockets past the filter); a syscall of a foreign
+     ABI (32-bit, x32) is refused outright. So no unix socket is reachable wherever it lives,
+     whenever it was made: a boundary, not a scan of the filesystem.
+  3. execs ARGV; the filter and the closed fds hold for every descendant.
+It exits 121 with a one-line reason when the kernel refuses the filter; the sandbox's start-up
+probe turns that into a RuntimeError naming the cause.
+
+Invariants (tests/test_sandbox.py): inside, socket(AF_UNIX) and socketpair(SOCK_DGRAM) fail
+with EACCES while TCP sockets and stream socketpairs work; no fd above 2 but the kept ones is open.
+"""
+
+import ctypes
+import os
+import struct
+import sys
+
+GUARD_FAILED = 121  # exit status when the filter cannot be installed
+
+# seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (low word first on little-endian)
+_ARCH = {"x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425}),
+         "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425})}
+_LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+_EACCES, _AF_INET, _AF_INET6, _SOCK_DGRAM, _SOCK_TYPE_MASK = 13, 2, 10, 2, 0xF
+_X32_BIT = 0x40000000
+
+
+def program(machine: str, little_endian: bool = True) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) rows; jumps are relative, so it is built back to front."""
+    arch, nr = _ARCH[machine]
+    low = 0 if little_endian else 4
+    deny, allow = (_RET, 0, 0, _ERRNO | _EACCES), (_RET, 0, 0, _ALLOW)
+    # socketpair(domain, type, ...): only stream-like types (a datagram pair could sendto() a path)
+    pair = [(_LD, 0, 0, 24 + low), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, 1, _SOCK_DGRAM), deny, allow]
+    # socket(domain, ...): only the families the empty network namespace isolates
+    sock = [(_LD, 0, 0, 16 + low), (_JEQ, 2, 0, _AF_INET), (_JEQ, 1, 0, _AF_INET6), deny, allow]
+    tail = [(_JEQ, 0, 1, nr["io_uring_setup"]), deny, allow]
+    # dispatch on the syscall number: socket -> sock block, socketpair -> pair block
+    body = [(_JEQ, 1 + len(tail) + len(sock), 0, nr["socketpair"])] + [(_JEQ, len(tail), 0, nr["socket"])] + tail + sock + pair
+    head = [(_LD, 0, 0, 4), (_JEQ, 1, 0, arch), deny, (_LD, 0, 0, 0)]
+    if machine == "x86_64":
+        head.append((_JGE, 0, 1, _X32_BIT))
+        head.append(deny)
+    return head + body
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install(rows: list[tuple[int, int, int, int]]) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    raw = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *r) for r in rows))
+    prog = _Fprog(len(rows), ctypes.cast(raw, ctypes.c_void_p))
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def close_fds(keep: set[int]) -> None:
+    lo = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 16)
+
+
+def main(argv: list[str]) -> None:
+    keep = {int(x) for x in argv[0].split(",") if x}
+    command = argv[2:]  # argv[1] is "--"
+    close_fds(keep)
+    try:
+        install(program(os.uname().machine, sys.byteorder == "little"))
+    except (OSError, KeyError, AttributeError) as e:
+        sys.stderr.write(f"libra-sandbox-guard: cannot install the socket filter on {os.uname().machine}: {e}\n")
+        os._exit(GUARD_FAILED)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
