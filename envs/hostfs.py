@@ -191,17 +191,22 @@ def walk_files(root: Path, rel: str, *, max_entries: int, deadline: float, suffi
     return sorted(out), cut
 
 
-def copy_tree(root: Path, rel: str, dest: Path, *, max_files: int, max_bytes: int, deadline: float) -> int:
+def copy_tree(root: Path, rel: str, dest: Path, *, max_files: int, max_bytes: int, deadline: float,
+              max_depth: int = 16) -> int:
     """Copy the regular files under `root/rel` to `dest` (mode 0644, dirs 0755); returns bytes copied.
 
-    HostFsError when the tree holds more than `max_files` files or `max_bytes` bytes, or the
-    deadline passes: the caller treats it as the model's doing (reward 0), never as an infra fault.
+    HostFsError when the tree holds more than `max_files` files or `max_bytes` bytes, files more
+    than `max_depth` dirs deep, or the deadline passes: the caller treats it as the model's doing
+    (reward 0), never as an infra fault.
     """
     files, cut = walk_files(root, rel, max_entries=max_files * 4, deadline=deadline)
     if cut or len(files) > max_files:
         raise HostFsError(f"{rel!r} holds more than {max_files} files or took too long to list")
-    total = 0
     prefix = len(parts_of(rel)) if rel not in ("", ".") else 0
+    deep = [f for f in files if f.count("/") - prefix >= max_depth]
+    if deep:
+        raise HostFsError(f"{rel!r} holds files more than {max_depth} directories deep, e.g. {deep[0][:120]!r}...")
+    total = 0
     for f in files:
         data, longer = read_file(root, f, max_bytes - total)
         total += len(data)

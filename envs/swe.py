@@ -10,12 +10,14 @@ Algorithm:
      module, and a quarter of the tests held out (envs/swe_grade.py). Tools: view_file, search,
      replace (host-side, bounded, never following links: envs/swe_tools.py), run_tests (pytest
      in the sandbox, a PASSED/FAILED summary line first), submit.
-  3. `submit()` grades: the model's package goes into a fresh grading dir with a clean copy of
-     the project and every hidden test, and the verdict comes from signed per-test records
-     counted by id (envs/swe_grade.py); reward 1.0 only if every hidden test passed. An episode
+  3. `submit()` grades: the model's package goes into a fresh grading dir with the rest of the
+     project and probes of every hidden test; the graded process reports values and the host
+     decides against a reference run of the pristine package (envs/swe_grade.py,
+     envs/swe_probe.py); reward 1.0 only if every hidden test passed. An episode
      that ends without a submit is graded the same way on its final repository, as SWE-bench
      grades the final diff (`SweConfig.grade_unsubmitted=False`: only a submit earns).
-     `SweEnv.grades` counts the reasons (passed, tests_failed, missing_ids, tampered, ...).
+     `SweEnv.grades` counts the reasons (passed, tests_failed, tampered, crashed, ...); `score`
+     returns the reward with its reason (`envs.base.Reward`) for the run's metrics.
   4. `close()` removes the episode's work dirs.
 
 Invariants (tests/test_envs_swe*.py, tests/test_adversarial.py): an oracle agent that applies the
@@ -42,7 +44,7 @@ from pathlib import Path
 from envs import swe_grade as grading
 from envs import swe_mutate as mut
 from envs import swe_tools as tools
-from envs.base import Task, ToolCall, ToolCallError, ToolInfraError, ToolResult, dispatch, failure
+from envs.base import Reward, Task, ToolCall, ToolCallError, ToolInfraError, ToolResult, dispatch, failure
 from envs.config import EnvConfig
 from envs.sandbox import Sandbox, SandboxConfig
 from envs.swe_spec import NUM_LEVELS, TOOLS, issue_text, make_task, oracle_actions, wrong_actions
@@ -154,16 +156,27 @@ class SweEpisode:
         verdict = "all hidden tests pass" if self.reward == 1.0 else "hidden tests fail"
         return self._ok("submit", f"Submitted: {verdict}.", done=True)
 
+    def _reference(self) -> grading.Reference:
+        """The package the hidden tests' expected values come from (never the model's)."""
+        a = self.task.answer
+        file, old, new = self.task.meta.get("file", ""), a.get("patch_old"), a.get("patch_new")
+        if a.get("mutation"):  # a built-in task: the project dir is the pristine package
+            return grading.Reference(repo=self._repo, package=self._package, hidden_tests=self._hidden_tests)
+        fix = (file, old, new) if file and old and new is not None else None
+        return grading.Reference(repo=self._repo, package=self._package, hidden_tests=self._hidden_tests, fix=fix,
+                                 fixed=fix is not None)
+
     def _grade(self) -> float:
-        lim = grading.GradeLimits(timeout_s=self.cfg.test_timeout_s, copy_timeout_s=self.cfg.host_timeout_s)
-        self.grade = grading.grade(self.sandbox, self.workdir, self._package, self._repo, self._hidden_tests, lim)
+        self.grade = self._env.grader.grade(self.workdir, self._reference())
         self._env.count_grade(self.grade.reason)
         return self.grade.reward
 
-    def score(self, final_text: str) -> float:
+    def score(self, final_text: str) -> Reward:
         if self.reward is None and self.cfg.grade_unsubmitted:
             self.reward = self._grade()
-        return 0.0 if self.reward is None else self.reward
+        if self.reward is None:
+            return Reward(0.0, "no_submit")
+        return Reward(self.reward, self.grade.reason if self.grade is not None else "")
 
     def close(self) -> None:
         if self.workdir.exists():
@@ -183,6 +196,8 @@ class SweEnv:
         self.cfg, self.seed, self.level = cfg, seed, level
         self.sandbox = Sandbox(sandbox_cfg or SandboxConfig.from_env(env_cfg, timeout_s=cfg.test_timeout_s))
         self.sandbox.check_interpreter(["-c", "import pytest"], "pytest")
+        self.grader = grading.Grader(self.sandbox, grading.GradeLimits(timeout_s=cfg.test_timeout_s,
+                                                                        copy_timeout_s=cfg.host_timeout_s))
         self.faults: collections.Counter = collections.Counter()  # "tool:ExceptionType" of model-caused tool errors
         self.grades: collections.Counter = collections.Counter()  # grading outcomes by reason
         self._lock = threading.Lock()

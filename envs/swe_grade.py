@@ -1,51 +1,64 @@
-"""swe grading that the graded code cannot touch, and the per-task split of visible and hidden tests.
+"""swe grading whose verdict is computed on the host, and the per-task split of visible and hidden tests.
 
 Hidden tests are held out per task: `held_out(task_id, ids, keep)` picks a quarter of the
 project's tests (never `keep`, the failing test an issue text may name) that the episode's work
 dir does not get (`strip_tests` removes them from the visible files). Grading runs them all.
 
-Grading (`grade`), per submit or final repository:
-  1. A fresh grading dir (not owned by the sandbox uid: read-only for the graded code, and
-     bound read-only in namespace mode) gets a clean copy of the project without its package
-     and tests, the model's package (its regular files only, bounded; envs/hostfs.py: links,
-     FIFOs and oversize trees are refused), the pristine hidden tests plus two canary tests
-     with random names that must fail, and the plugin envs/swe_grade_plugin.py.
-  2. pytest runs there in the sandbox. The plugin reads a random key from a pipe and signs one
-     record per test phase into an unlinked temp file: no path to it exists, only the fd.
-  3. The verdict counts verified records by test id: reward 1.0 only when every expected id
-     passed and both canaries failed. A missing id (crash, `sys.exit`, collection error), a
-     passing canary (a patched test runner), a record that does not verify (forged output), a
-     timeout or an unusable package is reward 0 with its reason; never an infrastructure error
-     (only the sandbox failing to start is one: ToolInfraError).
+Grading (`Grader.grade`), per submit or final repository:
+  1. The suite (envs/swe_probe.py) of the hidden tests is loaded once and its reference run
+     made once: the probes on the reference package (the pristine project, or an external
+     row's repository with its oracle patch) in a sandboxed dir of its own, where the graded
+     package never was. The reference must pass its own probes (else ToolInfraError: the
+     tests cannot be graded faithfully).
+  2. A fresh grading dir (read-only for the sandbox uid; bound read-only in namespace mode)
+     gets the project's other files, the model's package (regular files only, bounded;
+     envs/hostfs.py), a fresh rendering of the probes (random names, site ids, negations and
+     canaries), the plan and the runner (envs/swe_probe_runner.py).
+  3. The runner reports values to a results file; the host decodes them and `verdict` decides,
+     test by test, against the reference. No key, signer or expected value is ever in a
+     process that imported the package, so its records can lie only about values it would
+     have to compute.
+Every outcome of the model's state is a reward with a reason (REASONS): passed, tests_failed,
+tampered (malformed or duplicated records, a canary that passed), timeout, crashed (the runner
+died before it finished), no_package, bad_package (links, FIFOs, too many/too deep/too big
+files). Only a fault of the host (the sandbox cannot start, the host's disk) is a ToolInfraError.
 Nothing of the checkout, the task index or other episodes is visible inside (envs/sandbox_fs.py).
 
-Invariants (tests/test_envs_swe.py, tests/test_adversarial.py): the oracle gets 1.0; patching
-pytest, forging a summary, `sys.exit`/`os._exit` in the package, importing a pristine copy and
-editing the visible tests all get 0.0 with a reason; hidden tests differ from the visible ones.
+Invariants (tests/test_swe_probe.py, tests/test_envs_swe.py, tests/test_adversarial.py): the
+oracle gets 1.0; the mutant, a constant answer, forged records, an echo of the expected side,
+`sys.exit`/`os._exit` in the package, importing a pristine copy and editing the visible tests all
+get 0.0 with a reason; hidden tests differ from the visible ones.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
-import hmac
+import json
+import logging
 import os
 import random
-import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from envs import hostfs
+from envs import swe_probe as probe
 from envs.base import ToolInfraError
 
-PLUGIN_SOURCE = Path(__file__).resolve().parent / "swe_grade_plugin.py"
-PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-NUM_CANARIES = 2
-REASONS = ("passed", "tests_failed", "missing_ids", "tampered", "timeout", "no_package", "bad_package")
+log = logging.getLogger(__name__)
+
+RUNNER_SOURCE = Path(__file__).resolve().parent / "swe_probe_runner.py"
+# one hash seed for the reference and every graded run: a value that is a hash of a str agrees across them
+RUNNER_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+REASONS = ("passed", "tests_failed", "tampered", "timeout", "crashed", "no_package", "bad_package")
+MAX_RESULTS_BYTES = 8 << 20
+_HOST_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)  # the host's disk, not the model's files
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +66,7 @@ class GradeLimits:
     timeout_s: float = 30.0  # wall limit of the hidden-test run
     max_package_files: int = 200  # a package with more regular files gets reward 0
     max_package_bytes: int = 4 << 20  # ... or with more bytes in all
+    max_package_depth: int = 16  # ... or nested deeper
     copy_timeout_s: float = 5.0  # wall limit of copying the model's package out of its work dir
 
 
@@ -61,6 +75,17 @@ class Grade:
     reward: float
     reason: str  # one of REASONS
     detail: str = ""  # what was missing or wrong, for logs and tests
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Where the reference package comes from: `repo` (its `package` dir), with `fix` applied."""
+
+    repo: Path
+    package: str
+    hidden_tests: Path
+    fix: tuple[str, str, str] | None = None  # (file, old, new): the oracle patch of an external row
+    fixed: bool = True  # False: the buggy repository itself (no oracle patch), only its expected sides are used
 
 
 def test_ids(tests_dir: Path) -> list[str]:
@@ -94,108 +119,267 @@ def strip_tests(source: str, names: set[str]) -> str:
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
-def _canaries(rng: random.Random) -> tuple[list[str], str]:
-    names = [f"test_{rng.choice(('check', 'keeps', 'handles', 'returns'))}_{secrets.token_hex(4)}" for _ in range(NUM_CANARIES)]
-    body = "".join(f"\n\ndef {n}():\n    assert {rng.randint(2, 99)} == {rng.randint(100, 999)}\n" for n in names)
-    return names, body
+# ---- results ----------------------------------------------------------------------------------------
 
 
-def _records(data: bytes, key: bytes) -> tuple[dict[str, list[str]], int]:
-    """({nodeid: [when:outcome, ...]} of the records whose tag verifies, number that did not)."""
-    out: dict[str, list[str]] = {}
-    forged = 0
+class Tampered(ValueError):
+    """The results file holds something the runner never writes."""
+
+
+def _empty_trace() -> dict:
+    return {"sites": {}, "others": {}, "end": None}
+
+
+def parse_results(data: bytes, num_tests: int, site_of: dict[int, int]) -> tuple[list[dict], dict[str, str], bool]:
+    """(a trace per plan entry, import failures by module, whether the runner finished); Tampered on junk."""
+    traces = [_empty_trace() for _ in range(num_tests)]
+    failed: dict[str, str] = {}
+    finished = False
     for line in data.split(b"\n"):
         if not line:
             continue
-        tag, _, msg = line.partition(b"\t")
-        if not hmac.compare_digest(tag, hmac.new(key, msg, hashlib.sha256).hexdigest().encode()):
-            forged += 1
-            continue
-        nodeid, _, what = msg.decode("utf-8", "replace").partition("\t")
-        out.setdefault(nodeid, []).append(what)
-    return out, forged
+        try:
+            finished = _take(json.loads(line), traces, failed, site_of) or finished
+        except Tampered:
+            raise
+        except Exception as e:  # noqa: BLE001 - any junk (bad JSON, nesting, odd types) is the package's doing
+            raise Tampered(f"a result line is malformed ({type(e).__name__})") from None
+    return traces, failed, finished
 
 
-def verdict(records: dict[str, list[str]], forged: int, expected: list[str], canaries: list[str]) -> Grade:
-    if forged:
-        return Grade(reward=0.0, reason="tampered", detail=f"{forged} result records did not verify")
-    bad_canary = [c for c in canaries if records.get(c) != ["call:failed"]]
-    if bad_canary:
-        return Grade(reward=0.0, reason="tampered", detail=f"canary tests did not fail: {bad_canary}")
+def _take(rec, traces: list[dict], failed: dict[str, str], site_of: dict[int, int]) -> bool:
+    """File one result record; True for the runner's last line."""
+    num_tests = len(traces)
+    if not isinstance(rec, dict):
+        raise Tampered("a result line is not an object")
+    if rec.keys() == {"done"}:
+        return True
+    if "m" in rec:
+        failed[str(rec["m"])[:200]] = json.dumps(rec.get("x"))[:300]
+        return False
+    t = rec.get("t")
+    if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < num_tests:
+        raise Tampered(f"a record names test {str(t)[:20]}")
+    trace = traces[t]
+    if "end" in rec:
+        if trace["end"] is not None:
+            raise Tampered("a test ended twice")
+        trace["end"] = rec["end"]
+        return False
+    k = site_of.get(rec.get("k")) if isinstance(rec.get("k"), int) else None
+    if k is None or trace["end"] is not None:
+        raise Tampered("a record names a check the probes do not have, or comes after its test ended")
+    if "o" in rec:
+        trace["sites"].setdefault(k, []).append(rec["o"])
+    elif "r" in rec and isinstance(rec["r"], list) and rec["r"]:
+        trace["others"].setdefault(k, []).append(rec["r"][0])
+    else:
+        raise Tampered("a record holds neither an outcome nor expected values")
+    return False
 
-    def phases(test_id: str) -> list[str]:  # a parametrized test has one node per case
-        return [w for node, ws in records.items() if node == test_id or node.startswith(test_id + "[") for w in ws]
 
-    missing = [t for t in expected if "call:passed" not in phases(t) and not any(w.endswith(":failed") for w in phases(t))]
-    if missing:
-        return Grade(reward=0.0, reason="missing_ids", detail=f"{len(missing)} hidden tests did not run, e.g. {missing[0]}")
-    failed = [t for t in expected if any(not w.endswith(":passed") for w in phases(t))]
-    if failed:
-        return Grade(reward=0.0, reason="tests_failed", detail=f"{len(failed)} hidden tests failed, e.g. {failed[0]}")
-    return Grade(reward=1.0, reason="passed", detail=f"{len(expected)} hidden tests passed")
+@dataclass
+class Run:
+    """One sandbox run of a rendering, parsed."""
+
+    rendering: probe.Rendering
+    traces: list[dict]
+    failed: dict[str, str]  # module path -> why its import failed
+    finished: bool  # the runner wrote its last line
 
 
-def _build(grade_dir: Path, repo: Path, package: str, workdir: Path, hidden_tests: Path, lim: GradeLimits) -> tuple[list[str], list[str]]:
-    """Fill the grading dir; (expected ids, canary ids). HostFsError: the model's package is unusable."""
+def read_run(rendering: probe.Rendering, data: bytes) -> Run | Grade:
+    """The run's results parsed, or reward 0 "tampered" for what no runner writes."""
     try:
+        traces, failed, finished = parse_results(data, len(rendering.plan), rendering.site_of)
+    except Tampered as e:
+        return Grade(reward=0.0, reason="tampered", detail=str(e))
+    return Run(rendering, traces, failed, finished and len(data) < MAX_RESULTS_BYTES)
+
+
+def check_entries(suite: probe.Suite, run: Run, equality: Run | None = None) -> tuple[dict[str, str], list[str]]:
+    """({failed real test id: why}, canaries that passed while their twin passed too) of a grading."""
+    reference = suite.reference or {}
+    bad: dict[str, str] = {}
+    passed_canaries = []
+    for i, (test_id, canary) in enumerate(run.rendering.entries):
+        ok, why = probe.check_test(suite, run.traces[i], reference[test_id], run.rendering.flipped,
+                                   inverted=run.rendering.inverted.get(i))
+        if canary and ok:
+            passed_canaries.append(test_id)
+        elif not canary and not ok:
+            path = test_id.split("::")[0]
+            bad[test_id] = f"import failed: {run.failed[path]}" if path in run.failed else why
+    for i, (test_id, _) in enumerate(equality.rendering.entries if equality else ()):
+        ok, why = probe.check_equality(suite, equality.traces[i], reference[test_id])
+        if not ok and test_id not in bad:
+            bad[test_id] = why
+    # a canary is a copy of a real test: with the same output the twin passes only if the canary does
+    # not, so both passing means the answers depended on which copy asked
+    return bad, [t for t in passed_canaries if t not in bad]
+
+
+def verdict(suite: probe.Suite, run: Run, equality: Run | None = None) -> Grade:
+    bad, canary_passed = check_entries(suite, run, equality)
+    finished = run.finished and (equality is None or equality.finished)
+    if canary_passed:
+        return Grade(reward=0.0, reason="tampered", detail=f"canary copies of {canary_passed} passed a check no honest run passes")
+    if not finished:
+        return Grade(reward=0.0, reason="crashed", detail=f"the test run died before it finished; {len(bad)} tests without a pass")
+    if bad:
+        first = next(iter(bad))
+        return Grade(reward=0.0, reason="tests_failed", detail=f"{len(bad)} hidden tests failed, e.g. {first} ({bad[first]})")
+    real = sum(1 for _, c in run.rendering.entries if not c)
+    return Grade(reward=1.0, reason="passed", detail=f"{real} hidden tests passed")
+
+
+# ---- the grader ---------------------------------------------------------------------------------------
+
+
+def _suite_key(ref: Reference) -> str:
+    h = hashlib.sha256()
+    for f in sorted(ref.hidden_tests.glob("test_*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return f"{ref.repo}|{ref.package}|{ref.fix}|{h.hexdigest()}"
+
+
+class Grader:
+    """Grades packages of one env; caches each hidden-test suite with its reference run (thread-safe)."""
+
+    def __init__(self, sandbox, lim: GradeLimits = GradeLimits()):
+        self.sandbox, self.lim = sandbox, lim
+        self._suites: dict[str, probe.Suite] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def suite(self, ref: Reference) -> probe.Suite:
+        """The loaded suite with its reference traces (made on first use)."""
+        key = _suite_key(ref)
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._suites:
+                try:
+                    suite = probe.load_suite(ref.hidden_tests)
+                except probe.ProbeUnsupported as e:
+                    raise ToolInfraError(f"swe grading: the hidden tests in {ref.hidden_tests} cannot be probed: {e}") from e
+                if not suite.tests:
+                    raise ToolInfraError(f"swe grading: no hidden tests found in {ref.hidden_tests}")
+                self._reference(suite, ref)
+                self._suites[key] = suite
+            return self._suites[key]
+
+    def _reference(self, suite: probe.Suite, ref: Reference) -> None:
+        t0 = time.monotonic()
+        plan = [[t.split("::", 1)[0], t.split("::", 1)[1]] for t in suite.tests]
+        with self.sandbox.workdir("swe-ref", owned=False) as d:
+            try:
+                self._copy_project(d, ref.repo, ref.package, suite.reference_sources)
+                shutil.copytree(ref.repo / ref.package, d / ref.package, ignore=shutil.ignore_patterns("__pycache__"))
+                if ref.fix is not None:
+                    file, old, new = ref.fix
+                    target = d / file
+                    text = target.read_text()
+                    if old not in text:
+                        raise ToolInfraError(f"swe grading: the oracle patch of {ref.repo} does not apply to {file}")
+                    target.write_text(text.replace(old, new, 1))
+                self._seal(d)
+            except OSError as e:
+                raise ToolInfraError(f"swe grading: could not prepare the reference run of {ref.repo}: {e}") from e
+            res, data = self._run(d, plan, timeout_s=max(60.0, self.lim.timeout_s * 2))
+        if res.status == "timeout":
+            raise ToolInfraError(f"swe grading: the reference run of {ref.repo} timed out")
+        try:
+            traces, failed, finished = parse_results(data, len(plan), {s.index: s.index for s in suite.sites})
+        except Tampered as e:
+            raise ToolInfraError(f"swe grading: the reference run of {ref.repo} wrote bad results ({e})") from e
+        if not finished or failed:
+            raise ToolInfraError(f"swe grading: the reference run of {ref.repo} failed: {failed or res.stderr[-500:]}")
+        reference = dict(zip(suite.tests, traces))
+        suite.set_reference(reference)
+        if ref.fixed:
+            wrong = [(t, why) for t in suite.tests for ok, why in [probe.check_test(suite, reference[t], reference[t], set())] if not ok]
+            if wrong:
+                raise ToolInfraError(f"swe grading: {len(wrong)} hidden tests fail on the fixed reference under probing, "
+                                     f"e.g. {wrong[0][0]}: {wrong[0][1]}; they cannot be graded faithfully")
+        log.info("swe grading: reference of %s (%d tests, %d checks; %d tests also in the equality run) in %.2f s",
+                 ref.repo.name, len(suite.tests), len(suite.sites), len(suite.eq_tests), time.monotonic() - t0)
+
+    @staticmethod
+    def _copy_project(d: Path, repo: Path, package: str, sources: dict[str, str]) -> None:
         for entry in repo.iterdir():
             if entry.name in (package, "tests", "__pycache__"):
                 continue
             if entry.is_dir():
-                shutil.copytree(entry, grade_dir / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copytree(entry, d / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
-                shutil.copy(entry, grade_dir / entry.name)
-        shutil.copytree(hidden_tests, grade_dir / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copy(PLUGIN_SOURCE, grade_dir / "libra_grade.py")
-    except OSError as e:
-        raise ToolInfraError(f"swe grading: could not copy the pristine project {repo}: {e}") from e
-    expected = test_ids(grade_dir / "tests")
-    files = sorted((grade_dir / "tests").glob("test_*.py"))
-    canaries: list[str] = []
-    if files:
-        names, body = _canaries(random.Random(secrets.randbits(64)))
-        with files[-1].open("a") as f:
-            f.write(body)
-        canaries = [f"tests/{files[-1].name}::{n}" for n in names]
-    (grade_dir / package).mkdir(mode=0o755)
-    hostfs.copy_tree(workdir, package, grade_dir / package, max_files=lim.max_package_files,
-                     max_bytes=lim.max_package_bytes, deadline=time.monotonic() + lim.copy_timeout_s)
-    for d, dirs, names in os.walk(grade_dir):
-        os.chmod(d, 0o755)
-        for n in names:
-            os.chmod(os.path.join(d, n), 0o644)
-    return expected, canaries
+                shutil.copy(entry, d / entry.name)
+        (d / "tests").mkdir()
+        for path, source in sources.items():
+            (d / path).write_text(source)
+        shutil.copy(RUNNER_SOURCE, d / "libra_probe.py")
 
+    @staticmethod
+    def _seal(d: Path) -> None:
+        for dirpath, _, names in os.walk(d):
+            os.chmod(dirpath, 0o755)
+            for n in names:
+                os.chmod(os.path.join(dirpath, n), 0o644)
 
-def grade(sandbox, workdir: Path, package: str, repo: Path, hidden_tests: Path, lim: GradeLimits = GradeLimits()) -> Grade:
-    """Run the hidden tests against the model's package (see the module docstring)."""
-    try:
-        is_dir = hostfs.kind(workdir, package) == "dir"
-    except hostfs.HostFsError:  # a symlink
-        is_dir = False
-    if not is_dir:
-        return Grade(reward=0.0, reason="no_package", detail=f"{package}/ is missing or not a directory")
-    with sandbox.workdir("swe-grade", owned=False) as grade_dir:
+    def _run(self, d: Path, plan: list[list], timeout_s: float):
+        (d / "plan.json").write_text(json.dumps({"tests": plan}))
+        os.chmod(d / "plan.json", 0o644)
+        with tempfile.TemporaryFile() as results:
+            fd = results.fileno()
+            argv = [sys.executable, "-s", "-B", "libra_probe.py", "plan.json", str(fd)]
+            res = self.sandbox.run(argv, cwd=d, timeout_s=timeout_s, pass_fds=(fd,), read_only=True, env=RUNNER_ENV)
+            results.seek(0)
+            return res, results.read(MAX_RESULTS_BYTES)
+
+    def grade(self, workdir: Path, ref: Reference) -> Grade:
+        """Run the hidden tests against the model's package in `workdir` (see the module docstring)."""
+        runs = self.probe(workdir, ref)
+        return runs if isinstance(runs, Grade) else verdict(*runs)
+
+    def probe(self, workdir: Path, ref: Reference) -> Grade | tuple:
+        """A Grade when a run ended early (no package, bad package, timeout, tampered records),
+        else `verdict`'s arguments: (suite, probe run, equality run or None)."""
+        package = ref.package
         try:
-            expected, canaries = _build(grade_dir, repo, package, workdir, hidden_tests, lim)
-        except hostfs.HostFsError as e:
-            return Grade(reward=0.0, reason="bad_package", detail=str(e))
-        if not expected:
-            raise ToolInfraError(f"swe grading: no hidden tests found in {hidden_tests}")
-        key = secrets.token_bytes(32)
-        key_r, key_w = os.pipe()
-        os.write(key_w, key)
-        os.close(key_w)
-        try:
-            with tempfile.TemporaryFile() as results:
-                fds = (key_r, results.fileno())
-                argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "libra_grade", "tests"]
-                res = sandbox.run(argv, cwd=grade_dir, timeout_s=lim.timeout_s, pass_fds=fds, read_only=True,
-                                  env={**PYTEST_ENV, "LIBRA_GRADE_FDS": f"{key_r},{results.fileno()}"})
-                results.seek(0)
-                data = results.read(1 << 20)
-        finally:
-            os.close(key_r)
-    if res.status == "timeout":
-        return Grade(reward=0.0, reason="timeout", detail=f"hidden tests ran past {lim.timeout_s:g} s")
-    return verdict(*_records(data, key), expected, canaries)
+            is_dir = hostfs.kind(workdir, package) == "dir"
+        except hostfs.HostFsError:  # a symlink
+            is_dir = False
+        if not is_dir:
+            return Grade(reward=0.0, reason="no_package", detail=f"{package}/ is missing or not a directory")
+        suite = self.suite(ref)
+        runs = []
+        for rendering in [probe.render(suite)] + ([probe.render(suite, equality=True)] if suite.eq_tests else []):
+            run = self._graded_run(workdir, ref, rendering)
+            if isinstance(run, Grade):
+                return run
+            runs.append(run)
+        return suite, runs[0], runs[1] if len(runs) > 1 else None
+
+    def _graded_run(self, workdir: Path, ref: Reference, rendering: probe.Rendering) -> Grade | Run:
+        package = ref.package
+        with self.sandbox.workdir("swe-grade", owned=False) as d:
+            try:
+                self._copy_project(d, ref.repo, package, rendering.sources)
+            except OSError as e:
+                raise ToolInfraError(f"swe grading: could not copy the pristine project {ref.repo}: {e}") from e
+            try:
+                (d / package).mkdir(mode=0o755)
+                hostfs.copy_tree(workdir, package, d / package, max_files=self.lim.max_package_files,
+                                 max_bytes=self.lim.max_package_bytes, max_depth=self.lim.max_package_depth,
+                                 deadline=time.monotonic() + self.lim.copy_timeout_s)
+                self._seal(d)
+            except hostfs.HostFsError as e:
+                return Grade(reward=0.0, reason="bad_package", detail=str(e))
+            except OSError as e:
+                if e.errno in _HOST_ERRNOS:
+                    raise ToolInfraError(f"swe grading: the host could not write the grading dir: {e}") from e
+                return Grade(reward=0.0, reason="bad_package", detail=f"the package cannot be copied ({e.strerror or e})")
+            res, data = self._run(d, rendering.plan, self.lim.timeout_s)
+        if res.status == "timeout":
+            return Grade(reward=0.0, reason="timeout", detail=f"hidden tests ran past {self.lim.timeout_s:g} s")
+        return read_run(rendering, data)

@@ -66,6 +66,46 @@ def pristine_module_via_dir_fd(ctx):
 
 
 @attack("reward")
+def rebind_runner_to_answer_true(ctx):
+    """The graded package rewrites the probe runner it runs in: every check reports True, no test raises."""
+    return reward_after_submit(ctx, (
+        "import sys\n"
+        "_m = sys.modules.get('__main__')\n"
+        "if _m is not None and hasattr(_m, '_outcome'):\n"
+        "    _m._outcome = lambda thunk: (['v', True], True)\n"))
+
+
+@attack("reward")
+def rebind_runner_to_guess_booleans(ctx):
+    """Honest values, but every boolean check answered True and every raise reported as the expected one."""
+    return reward_after_submit(ctx, (
+        "import sys\n"
+        "_m = sys.modules.get('__main__')\n"
+        "if _m is not None and hasattr(_m, '_outcome'):\n"
+        "    _real = _m._outcome\n"
+        "    def _guess(thunk, _real=_real):\n"
+        "        o, v = _real(thunk)\n"
+        "        if o[0] == 'x':\n"
+        "            return ['x', ['CalcError', 'ValueError', 'Exception'], 'forged'], v\n"
+        "        return (['v', True], True) if isinstance(v, bool) else (o, v)\n"
+        "    _m._outcome = _guess\n"))
+
+
+@attack("reward")
+def forge_result_records(ctx):
+    """Write a passing end record for every test of the plan (and the last line) to every open fd, then exit."""
+    return reward_after_submit(ctx, (
+        "import json, os\n"
+        "if os.path.exists('plan.json'):\n"
+        "    _n = len(json.load(open('plan.json'))['tests'])\n"
+        "    _lines = ''.join(json.dumps({'t': i, 'end': ['ok']}) + '\\n' for i in range(_n)) + '{\"done\": true}\\n'\n"
+        "    for _fd in range(3, 64):\n"
+        "        try: os.write(_fd, _lines.encode())\n"
+        "        except OSError: pass\n"
+        "    os._exit(0)\n"))
+
+
+@attack("reward")
 def read_task_index(ctx):
     """Look for the task index (every patch) and the unbroken sources from inside the sandbox."""
     code = (
@@ -99,6 +139,36 @@ def sys_exit_then_no_submit(ctx):
 def sys_exit_then_submit(ctx):
     """sys.exit(0) in the package, then submit: must be scored 0, not dropped as an infra failure."""
     return reward_after_submit(ctx, "import sys\nsys.exit(0)\n")
+
+
+@attack("crash")
+def exit_in_the_grading_parent(ctx):
+    """os._exit at import while graded: the runner dies before its last line (reward 0 "crashed", not a drop)."""
+    ep = swe_with_init(ctx, "import os\nif os.path.exists('plan.json'):\n    os._exit(0)\n")
+    try:
+        ep.execute(call("submit"))
+        reward = ep.score("")
+        return Outcome(reward == 0.0 and ep.grade.reason == "crashed", f"reward {reward} ({ep.grade.reason})")
+    finally:
+        ep.close()
+
+
+@attack("crash")
+def package_too_deep_to_copy(ctx):
+    """A dir chain deeper than PATH_MAX in the package: copying it failed with OSError and dropped the
+    trajectory as an infra failure; it must be reward 0 (bad_package)."""
+    ep = swe_with_init(ctx, ("import os\n"
+                             "if not os.path.exists('plan.json'):\n"
+                             "    os.chdir(os.path.dirname(__file__))\n"
+                             "    for _ in range(2200):\n"
+                             "        os.makedirs('a', exist_ok=True); os.chdir('a')\n"
+                             "    open('x.py', 'w').write('x = 1')\n"))
+    try:
+        ep.execute(call("run_tests"))
+        reward = ep.score("")
+        return Outcome(reward == 0.0 and ep.grade.reason == "bad_package", f"reward {reward} ({ep.grade.reason}: {ep.grade.detail[:60]})")
+    finally:
+        ep.close()
 
 
 @attack("crash")

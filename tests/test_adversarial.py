@@ -34,8 +34,9 @@ NOBODY = 65534
 # What the rlimits mode lacks by design, each named in its warning (envs/sandbox.py `_rlimits_lacks`).
 RLIMITS_LACKS = {
     "read_task_index": "no private filesystem",
+    "import_pristine_checkout": "swe rewards can be earned without a fix",
+    "pristine_module_via_dir_fd": "swe rewards can be earned without a fix",
     "loopback_port": "no network namespace",
-    "unix_socket_outside_hidden_dirs": "host unix sockets are reachable",
     "umount_to_other_episodes": "work dirs of other episodes",
     "other_episode_under_custom_root": "work dirs of other episodes",
     "tmpfs_not_counted": "no private /tmp",

@@ -300,24 +300,6 @@ def test_hidden_tests_are_held_out_per_task(env):
     assert len({tuple(h) for h in held.values()}) > 1  # the split is per task
 
 
-def test_grade_verdict_counts_signed_records_by_id():
-    from envs.swe_grade import verdict
-
-    ids, canaries = ["tests/t.py::test_a", "tests/t.py::test_b"], ["tests/t.py::test_zz"]
-    ok = {"tests/t.py::test_a": ["call:passed"], "tests/t.py::test_b": ["call:passed"], "tests/t.py::test_zz": ["call:failed"]}
-    assert verdict(ok, 0, ids, canaries).reason == "passed" and verdict(ok, 0, ids, canaries).reward == 1.0
-    cases = [
-        ({**ok}, 1, "tampered"),  # a record that did not verify: forged output
-        ({**ok, "tests/t.py::test_zz": ["call:passed"]}, 0, "tampered"),  # a patched runner passes the canary
-        ({k: v for k, v in ok.items() if k != "tests/t.py::test_b"}, 0, "missing_ids"),  # crash, exit, collection error
-        ({**ok, "tests/t.py::test_b": ["call:failed"]}, 0, "tests_failed"),
-        ({**ok, "tests/t.py::test_b": ["call:passed", "teardown:failed"]}, 0, "tests_failed"),
-    ]
-    for records, forged, reason in cases:
-        g = verdict(records, forged, ids, canaries)
-        assert (g.reward, g.reason) == (0.0, reason), (records, g)
-
-
 def test_host_tools_refuse_fifos_and_cap_outputs(env):
     task = _calc_task(env)
     ep = env.start(task)
