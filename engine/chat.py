@@ -103,11 +103,25 @@ def render_text(messages, tools) -> str:
     return "".join(out)
 
 
+def valid_text(text) -> str:
+    """`text` as valid Unicode: what a tool returns may hold lone surrogates (a file name with an
+    undecodable byte comes back from os.fsdecode as one), and a tokenizer raises on them."""
+    if not isinstance(text, str):
+        text = str(text)
+    try:  # the bytes a surrogate escape stands for, then U+FFFD for what is not UTF-8
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # another lone surrogate (e.g. from JSON's "\ud800")
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 def tool_response_text(texts, *, close_turn: bool = True) -> str:
-    """Text appended after a tool call: end the assistant turn, the tool turn, the next prompt."""
+    """Text appended after a tool call: end the assistant turn, the tool turn, the next prompt.
+
+    The one boundary where tool output becomes model input: it is made valid Unicode here."""
     if isinstance(texts, str):
         texts = [texts]
-    body = "\n".join(f"{TOOL_RESPONSE_OPEN}\n{t}\n{TOOL_RESPONSE_CLOSE}" for t in texts)
+    body = "\n".join(f"{TOOL_RESPONSE_OPEN}\n{valid_text(t)}\n{TOOL_RESPONSE_CLOSE}" for t in texts)
     head = IM_END + "\n" if close_turn else "\n"
     return f"{head}{IM_START}user\n{body}{IM_END}\n{IM_START}assistant\n"
 

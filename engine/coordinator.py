@@ -66,6 +66,7 @@ def finished_of(traj: Trajectory) -> core.Finished:
     return core.Finished(num_tokens=traj.num_tokens, num_model_tokens=traj.num_model_tokens,
                          tool_latency_s=tuple(traj.tool_latency_s), signal_tokens=traj.signal_tokens,
                          first_version=versions[0] if versions else None, reward=traj.reward,
+                         reward_reason=getattr(traj.reward, "reason", ""),
                          infra_failed=traj.finish_reason == "tool_infra", payload=traj)
 
 
@@ -237,14 +238,20 @@ class Coordinator:
                     self._send_exports([e for e in [self.core.on_decode(rid, tokens, now)] if e])
 
     def _on_env_call(self, src: int, call: msg.EnvCall) -> None:
-        episode = self.episodes.pop(call.request_id) if call.op == "close" else self.episodes.get(call.request_id)
+        episode = self.episodes.pop(call.request_id, None) if call.op == "close" else self.episodes.get(call.request_id)
         if episode is None:
-            assert call.op == "close", f"env {call.op} for unknown request {call.request_id}"
+            if call.op != "close":
+                # a late call of a tool thread the engine stopped waiting for, after its episode closed:
+                # answered (nobody waits for it any more), never a crash of the coordinator
+                from envs.base import ToolInfraError
+
+                self.mailbox.send(src, msg.EnvResult(call.call_id, False, ToolInfraError(
+                    f"{call.request_id}: its episode is closed; the {call.op} call came too late")))
             return
         self.pool.submit(self._env_call, src, call, episode)
 
     def _env_call(self, src: int, call: msg.EnvCall, episode) -> None:
-        from envs.base import ToolInfraError
+        from envs.base import Reward, ToolInfraError, failure
 
         try:
             if call.op == "close":
@@ -254,9 +261,12 @@ class Coordinator:
             reply = msg.EnvResult(call.call_id, True, value)
         except ToolInfraError as exc:
             reply = msg.EnvResult(call.call_id, False, exc)
-        except Exception as exc:  # an env bug must not hang the trajectory: it is an infra failure
-            log.exception("[libra coordinator] env %s failed for %s", call.op, call.request_id)
-            reply = msg.EnvResult(call.call_id, False, ToolInfraError(f"{call.op} raised {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - the env raised on what the model made: a failure it sees, or a 0
+            log.warning("[libra coordinator] env %s raised %s for %s: %s", call.op, type(exc).__name__, call.request_id,
+                        str(exc)[:200], exc_info=True)
+            value = (failure(getattr(call.arg, "name", "<parse>"), f"the tool raised {type(exc).__name__}: {str(exc)[:300]}")
+                     if call.op == "execute" else Reward(0.0, "score_error"))
+            reply = msg.EnvResult(call.call_id, True, value)
         self.mailbox.send(src, reply)
 
     def _finished(self, rid: str, traj: Trajectory) -> None:
@@ -266,7 +276,7 @@ class Coordinator:
         self.writer.trajectory({"step": step, "request_id": rid, "task_id": traj.task_id, "num_tokens": traj.num_tokens,
                                 "prompt_len": traj.prompt_len, "turns": traj.turns, "tool_outcomes": traj.tool_outcomes,
                                 "tool_latency_s": traj.tool_latency_s, "instances": traj.instances, "reward": traj.reward,
-                                "finish_reason": traj.finish_reason, "score_s": round(traj.score_s, 4),
+                                "reward_reason": getattr(traj.reward, "reason", ""), "finish_reason": traj.finish_reason, "score_s": round(traj.score_s, 4),
                                 "env_start_s": round(self.env_start_s.pop(rid, 0.0), 4)})
 
     # ---- training, sync, step end ---------------------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import logging
+import threading
 import time
 import zlib
 
@@ -63,6 +64,7 @@ class _Seq:
         self.phase = "ready"  # ready | running | tool | scoring
         self.close_turn = True
         self.future: cf.Future | None = None
+        self.timed_out = threading.Event()  # set when the engine stops waiting for this turn's tools
         self.started_s = 0.0
         self.last_progress = len(self.ids)
         self.final_text = ""
@@ -77,11 +79,25 @@ class _Seq:
         self.st.versions.append(version)
 
 
-def _run_tools(episode, calls):
+def _run_tools(episode, calls, timed_out: threading.Event):
+    """Run a turn's calls in order; stop once the engine gave up waiting (its episode may be closing).
+
+    Only `ToolInfraError` leaves: any other exception of the env is the call's failure result,
+    which the model sees (a plug-in env whose `execute` raises must not end the rank)."""
+    from envs.base import ToolInfraError, failure
+
     results = []
     for call in calls:
+        if timed_out.is_set():
+            break
         t0 = time.monotonic()
-        res = episode.execute(call)
+        try:
+            res = episode.execute(call)
+        except ToolInfraError:
+            raise
+        except Exception as e:  # noqa: BLE001 - shown to the model, logged
+            log.warning("[libra rollout] the env's execute raised %s: %s", type(e).__name__, str(e)[:200])
+            res = failure(getattr(call, "name", "<parse>"), f"the tool raised {type(e).__name__}: {str(e)[:300]}")
         results.append((res, time.monotonic() - t0))
         if res.done:
             break
@@ -237,8 +253,9 @@ class RolloutEngine:
                     self._tool_done(seq, fut, events)
 
     def _reward(self, seq: _Seq, fut: cf.Future):
-        """The scoring's reward; None (dropped as "tool_infra", never scored 0) when the env's infrastructure failed."""
-        from envs.base import ToolInfraError
+        """The scoring's reward; None (dropped as "tool_infra", never scored 0) when the env's infrastructure
+        failed; 0 with reason "score_error" when the env's score raised anything else on what the model made."""
+        from envs.base import Reward, ToolInfraError
 
         try:
             return fut.result()
@@ -246,11 +263,16 @@ class RolloutEngine:
             log.warning("[libra rollout:%d] %s: scoring infrastructure failed: %s", self.instance_id, seq.req.request_id, e)
             seq.finish_reason = "tool_infra"
             return None
+        except Exception as e:  # noqa: BLE001 - a scored outcome, logged: never a dead rank
+            log.warning("[libra rollout:%d] %s: the env's score raised %s: %s", self.instance_id, seq.req.request_id,
+                        type(e).__name__, str(e)[:200])
+            return Reward(0.0, "score_error")
 
     def _tool_timeout(self, seq: _Seq, events: list) -> None:
         from envs.base import ToolResult
 
-        # the worker thread cannot be killed; its late result is ignored
+        # the worker thread cannot be killed; it runs no further call of the turn, its late result is ignored
+        seq.timed_out.set()
         seq.future = None
         res = ToolResult(tool="<timeout>", text=f"tool call timed out after {self.cfg.tool_timeout_s:.0f} s", status="timeout",
                          latency_s=self.cfg.tool_timeout_s)
@@ -369,7 +391,8 @@ class RolloutEngine:
             seq.close_turn = not by_eos
             seq.phase = "tool"
             seq.started_s = time.monotonic()
-            seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text))
+            seq.timed_out = threading.Event()
+            seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out)
             return
         self._finish(seq, "stop" if by_eos else "max_tokens")
 

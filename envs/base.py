@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -48,6 +47,23 @@ logger = logging.getLogger(__name__)
 
 class ToolInfraError(RuntimeError):
     """The tool infrastructure failed (not the model's call): drop the trajectory, count why."""
+
+
+class Reward(float):
+    """A reward that says why (swe "tests_failed", math "wrong", ...): a float everywhere, `reason` for metrics."""
+
+    __slots__ = ("reason",)
+
+    def __new__(cls, value: float, reason: str = ""):
+        obj = super().__new__(cls, value)
+        obj.reason = reason
+        return obj
+
+    def __reduce__(self):
+        return (Reward, (float(self), self.reason))
+
+    def __repr__(self) -> str:
+        return f"Reward({float(self)!r}, {self.reason!r})"
 
 
 class ToolRefused(ValueError):
@@ -137,7 +153,8 @@ class Env(Protocol):
 # Hermes tool-call parsing, schema validation and the shared dispatch/driver helpers.
 # --------------------------------------------------------------------------------------------
 
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+MAX_ARG_DEPTH = 32  # deeper arguments are refused: nothing needs them, and they overflow pickling on the way to the tools
 CALL_FORMAT_HINT = '<tool_call>{"name": "<tool>", "arguments": {"<arg>": <value>}}</tool_call>'
 _JSON_TYPES = {
     "string": (str,),
@@ -182,10 +199,27 @@ def _loads(raw: str) -> tuple[Any, str | None]:
         return None, f"{e.__class__.__name__}: {str(e)[:160]}"
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (iterative: a value may be nested past the recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
 def _parse_one(raw: str) -> ToolCall | ToolCallError:
     obj, why = _loads(raw)
     if why is not None:
         return ToolCallError(message=f"tool call is not valid JSON ({why}); expected {CALL_FORMAT_HINT}", raw=raw)
+    depth = _depth(obj)
+    if depth > MAX_ARG_DEPTH + 1:
+        return ToolCallError(message=f"tool call arguments are nested {depth - 1} levels deep; the limit is {MAX_ARG_DEPTH}",
+                             raw=raw[:200])
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ToolCallError(message=f"tool call needs a JSON object with a string 'name'; expected {CALL_FORMAT_HINT}", raw=raw)
     args = obj.get("arguments", {})
@@ -196,6 +230,9 @@ def _parse_one(raw: str) -> ToolCall | ToolCallError:
             args = parsed
     if not isinstance(args, dict):
         return ToolCallError(message=f"'arguments' of tool '{_preview(_safe(obj['name']))}' must be a JSON object, got {type(args).__name__}", raw=raw)
+    if _depth(args) > MAX_ARG_DEPTH:  # arguments given as a JSON string are only parsed here
+        return ToolCallError(message=f"tool call arguments are nested {_depth(args)} levels deep; the limit is {MAX_ARG_DEPTH}",
+                             raw=raw[:200])
     if _bad_unicode(obj["name"]) is not None or _bad_unicode(args) is not None:
         return ToolCallError(message="tool call holds a lone surrogate escape (e.g. \\ud800), which is not valid Unicode; write plain text", raw=raw)
     return ToolCall(name=obj["name"], arguments=args, raw=raw)
@@ -206,16 +243,23 @@ def _safe(text: str) -> str:
 
 
 def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
-    """All Hermes tool calls in `text`, in order; [] when it holds no `<tool_call>` tag."""
+    """All Hermes tool calls in `text`, in order; [] when it holds no `<tool_call>` tag.
+
+    Linear in len(text): each call is the text from an opening tag to the first closing tag
+    after it (what a non-greedy regex matches, without its quadratic retries on unclosed tags).
+    """
     out: list[ToolCall | ToolCallError] = []
     end = 0
-    for m in _CALL_RE.finditer(text):
-        out.append(_parse_one(m.group(1)))
-        end = m.end()
+    while (start := text.find(CALL_OPEN, end)) >= 0:
+        close = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+        if close < 0:  # no closing tag after this one means none after any later one either
+            break
+        out.append(_parse_one(text[start + len(CALL_OPEN):close]))
+        end = close + len(CALL_CLOSE)
     tail = text[end:]
-    if "<tool_call>" in tail:
+    if CALL_OPEN in tail:
         # An unterminated call (the model hit max_tokens or forgot the tag) still counts as one.
-        raw = tail.split("<tool_call>", 1)[1]
+        raw = tail.split(CALL_OPEN, 1)[1]
         out.append(ToolCallError(message=f"tool call is missing its closing </tool_call> tag: {_preview(raw)!r}", raw=raw))
     return out
 

@@ -71,6 +71,7 @@ class Finished:
     signal_tokens: int = 0  # tokens in context when its first tool result came back (num_tokens if none); 0 = unknown
     first_version: int | None = None  # policy version of its first model token (None: no model token)
     reward: float | None = None
+    reward_reason: str = ""  # why the env gave that reward (swe "tests_failed", math "wrong"); "" if it did not say
     infra_failed: bool = False  # a tool infrastructure fault, not the model's doing
     payload: object = None  # the caller's trajectory (handed to the trainer in `TrainBatch`)
 
@@ -156,6 +157,7 @@ class Step:
     request_ids: list[str] = field(default_factory=list)
     prompt_ids: dict[str, str] = field(default_factory=dict)  # request -> task id (the ledger's trained order)
     done: dict[str, Finished | None] = field(default_factory=dict)  # None: dropped
+    dropped: dict[str, int] = field(default_factory=dict)  # drops of this step's trajectories, by reason
     ready_s: float | None = None
 
     @property
@@ -266,6 +268,7 @@ class StepCore:
         st = self.steps[req.step]
         if fin.infra_failed:
             self.ledger.drop(request_id, "tool_infra")
+            st.dropped["tool_infra"] = st.dropped.get("tool_infra", 0) + 1
             st.done[request_id] = None
         else:
             self.ledger.finish(request_id)
@@ -285,6 +288,7 @@ class StepCore:
                 continue
             if fin.first_version is not None and self.version - fin.first_version > self.cfg.max_staleness:
                 self.ledger.drop(rid, "stale")
+                st.dropped["stale"] = st.dropped.get("stale", 0) + 1
                 st.done[rid] = None
                 continue
             ids.append(rid)
@@ -335,6 +339,10 @@ class StepCore:
         idle_r, idle_t = idle_fractions(step_s=step_s, rollout_s=rollout_s, train_s=train_s, sync_s=sync_s,
                                         colocated=self.role_map.colocated)
         extra = {k: v for k, v in self._train_metrics.items() if isinstance(v, (int, float))}
+        for f in fins:  # why each trained reward is what it is, and why the others were not trained
+            if f.reward_reason:
+                extra[f"score/{f.reward_reason}"] = extra.get(f"score/{f.reward_reason}", 0) + 1
+        extra.update({f"dropped/{reason}": n for reason, n in sorted(st.dropped.items())})
         return MetricsRow(step=st.index + 1, time_s=now, step_s=step_s, rollout_s=rollout_s, train_s=train_s,
                           sync_s=sync_s, reconfig_s=self._reconfig_s, tokens=sum(f.num_tokens for f in fins),
                           trajectories=len(fins), reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,

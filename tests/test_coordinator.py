@@ -105,7 +105,15 @@ def test_a_finished_trajectory_counts_and_is_logged(tmp_path):
     coord.pool.shutdown()
 
 
-def test_env_calls_are_answered_from_the_pool_and_errors_become_infra_failures(tmp_path):
+def _replies(box, n: int, timeout_s: float = 30.0) -> dict:
+    replies = {}
+    deadline = time.monotonic() + timeout_s
+    while len(replies) < n and time.monotonic() < deadline:
+        replies.update({m.call_id: m for m in drain(box)})
+    return replies
+
+
+def test_env_calls_are_answered_from_the_pool_and_env_errors_are_scored_not_dropped(tmp_path):
     coord, workers = make(tmp_path)
     coord.admit()
     box = workers[1]
@@ -113,16 +121,67 @@ def test_env_calls_are_answered_from_the_pool_and_errors_become_infra_failures(t
     coord._dispatch(msg.to_global(1), msg.EnvCall(5, "s0-p0-n0", "execute", ToolCall(name="echo", arguments={"text": "hi"})))
     coord.episodes["s0-p0-n1"] = Exploding()
     coord._dispatch(msg.to_global(1), msg.EnvCall(6, "s0-p0-n1", "score", "final"))
-    replies = {}
-    deadline = time.monotonic() + 10
-    while len(replies) < 2 and time.monotonic() < deadline:
-        replies.update({m.call_id: m for m in drain(box)})
+    coord._dispatch(msg.to_global(1), msg.EnvCall(7, "s0-p0-n1", "execute", ToolCall(name="echo", arguments={})))
+    coord.episodes["s1-p0-n0"] = Exploding(ToolInfraError("sandbox is gone"))
+    coord._dispatch(msg.to_global(1), msg.EnvCall(8, "s1-p0-n0", "score", "final"))
+    replies = _replies(box, 4)
     assert replies[5].ok and "hi" in replies[5].value.text
-    assert not replies[6].ok and isinstance(replies[6].value, ToolInfraError)
-    assert "score raised ZeroDivisionError" in str(replies[6].value)
+    # an env that raises on what the model made: a 0 with its reason, and a failure the model sees
+    assert replies[6].ok and replies[6].value == 0.0 and replies[6].value.reason == "score_error"
+    assert replies[7].ok and replies[7].value.status == "failure" and "ZeroDivisionError" in replies[7].value.text
+    # only the host's own fault is an infra failure (the trajectory is dropped with that reason)
+    assert not replies[8].ok and isinstance(replies[8].value, ToolInfraError)
     coord._dispatch(msg.to_global(1), msg.EnvCall(-1, "s0-p0-n0", "close", None))
     assert "s0-p0-n0" not in coord.episodes  # closed once, by the pool
     coord.pool.shutdown()
+
+
+def test_a_late_call_for_a_closed_episode_is_answered_not_asserted(tmp_path):
+    """A tool thread outlived its timeout, the episode was scored and closed, then the turn's second call came."""
+    coord, workers = make(tmp_path)
+    coord.admit()
+    box = workers[1]
+    drain(box)
+    coord._dispatch(msg.to_global(1), msg.EnvCall(-1, "s0-p0-n0", "close", None))
+    coord._dispatch(msg.to_global(1), msg.EnvCall(9, "s0-p0-n0", "execute", ToolCall(name="echo", arguments={"text": "late"})))
+    coord._dispatch(msg.to_global(1), msg.EnvCall(-1, "s0-p0-n0", "close", None))  # a second close: ignored
+    reply = _replies(box, 1)[9]
+    assert not reply.ok and "episode is closed" in str(reply.value)
+    coord.pool.shutdown()
+
+
+# (model's boxed answer, gold, reward): what an RL run on math is trained on, graded on the coordinator's pool
+MATH_EQUIVALENCE = [
+    ("96.0", "96", 1.0), ("x = 96", "96", 1.0), ("96 \\text{ apples}", "96", 1.0), ("\\$96", "96", 1.0),
+    ("47/15", "\\frac{47}{15}", 1.0), ("\\dfrac{47}{15}", "\\frac{47}{15}", 1.0), ("0.5", "\\frac{1}{2}", 1.0),
+    ("\\frac{2}{4}", "\\frac{1}{2}", 1.0), ("[1,2)", "[1, 2)", 1.0), ("(1, 2]", "(1,2]", 1.0), ("\\sqrt{9}", "3", 1.0),
+    ("97", "96", 0.0), ("96, 97", "96", 0.0), ("x", "96", 0.0), ("", "96", 0.0), ("}{junk", "4", 0.0),
+    ("[1, 2]", "[1, 2)", 0.0), ("\\infty", "96", 0.0), ("9^{9^{9^{9}}}", "96", 0.0),
+]
+
+
+def test_math_answers_are_graded_right_through_the_coordinator(tmp_path):
+    from envs.base import Task
+    from envs.mathenv import MathConfig, MathEnv
+
+    coord, workers = make(tmp_path)
+    env = MathEnv(seed=0, num_tasks=1, cfg=MathConfig(grade_timeout_s=3.0))
+    box = workers[1]
+    try:
+        for i, (pred, gold, _) in enumerate(MATH_EQUIVALENCE):
+            task = Task(task_id=f"m{i}", bench="math", messages=(), tools=(), answer={"answer": gold})
+            coord.episodes[f"m{i}"] = env.start(task)
+            coord._dispatch(msg.to_global(1), msg.EnvCall(100 + i, f"m{i}", "score", f"So \\boxed{{{pred}}}."))
+        replies = _replies(box, len(MATH_EQUIVALENCE), timeout_s=120)
+        got = [(pred, gold, replies[100 + i].value) for i, (pred, gold, _) in enumerate(MATH_EQUIVALENCE)]
+        assert [(p, g, float(r)) for p, g, r in got] == MATH_EQUIVALENCE
+        reasons = {r.reason for _, _, r in got}
+        assert reasons <= {"correct", "wrong", "timeout"} and "timeout" in reasons  # the tower of powers
+    finally:
+        for ep in list(coord.episodes.values()):
+            ep.close()
+        env.close()
+        coord.pool.shutdown()
 
 
 def test_an_unexpected_message_names_its_sender(tmp_path):
@@ -145,8 +204,19 @@ def test_wait_for_returns_the_typed_replies_and_keeps_the_others(tmp_path):
 
 
 class Exploding:
-    def score(self, final_text):
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    def _raise(self):
+        if self.error is not None:
+            raise self.error
         return 1 / 0
+
+    def score(self, final_text):
+        return self._raise()
+
+    def execute(self, call):
+        return self._raise()
 
     def close(self):
         pass

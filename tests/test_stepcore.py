@@ -77,10 +77,11 @@ def admit(c, now=0.0, n=2):
                        for i in range(n)], now)
 
 
-def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None):
+def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None, reason=""):
     c.on_finished(rid, Finished(num_tokens=tokens, num_model_tokens=tokens - 10, tool_latency_s=(0.5,),
                                 signal_tokens=tokens - 20 if signal is None else signal,
-                                first_version=version, reward=1.0, infra_failed=infra, payload=rid), now)
+                                first_version=version, reward=1.0, reward_reason=reason, infra_failed=infra,
+                                payload=rid), now)
 
 
 def test_admission_runs_at_most_lookahead_steps_ahead_of_the_trainer():
@@ -117,6 +118,18 @@ def test_a_step_trains_in_request_order_and_the_row_says_what_happened():
     assert c.trained == 1 and c.version == 1 and c.ledger.trained_order == ["task0", "task0"]
 
 
+def test_the_row_counts_why_each_reward_is_what_it_is():
+    c = make_core()
+    admit(c, n=3)
+    for rid, reason in (("s0-0", "tests_failed"), ("s0-1", "passed"), ("s0-2", "tests_failed")):
+        finish(c, rid, 1.0, reason=reason)
+    c.take_batch(1.0)
+    c.on_trained(train_s=0.1)
+    row = c.end_step(1.5, sync_s=0.0).row.to_dict()
+    assert row["score/tests_failed"] == 2 and row["score/passed"] == 1
+    assert not any(k.startswith("dropped/") for k in row)  # nothing was dropped
+
+
 def test_a_skipped_update_reports_no_training_time_to_the_planner():
     planner = FakePlanner()
     c = make_core(planner=planner)
@@ -144,6 +157,8 @@ def test_stale_and_infra_trajectories_are_dropped_with_their_reason():
     assert batch.payloads == ()
     end = c.end_step(2.5, sync_s=0.0)  # an empty batch trains nothing
     assert (end.row.trajectories, end.row.train_s, c.version) == (0, 0.0, 1)
+    # the row says why its trajectories are missing
+    assert {k: v for k, v in end.row.to_dict().items() if k.startswith("dropped/")} == {"dropped/stale": 1, "dropped/tool_infra": 1}
     c.cancel_all(3.0)
     assert c.ledger.counts() == {"started": 4, "trained": 2, "dropped": {"tool_infra": 1, "stale": 1}}
 
