@@ -4,14 +4,17 @@ Argv chains (U = the sandbox uid: 65534 when we are root, else our own uid):
   namespaces, as root:
     unshare --ipc --net --pid --fork --kill-child --mount --mount-proc  sh -c NS_INIT ...
       setpriv --reuid=U --regid=U --clear-groups --no-new-privs
-        unshare --user --map-user=U --map-group=U --root=NEWROOT --wd=CWD  prlimit ... -- ARGV
+        unshare --user --map-user=U --map-group=U --root=NEWROOT --wd=CWD  prlimit ... -- GUARD ARGV
   namespaces, not root: the same with `--user --map-root-user` on the outer unshare and no setpriv.
-  rlimits:  sh -c RL_INIT ...  setpriv [--reuid=U --regid=U --clear-groups] --no-new-privs  prlimit ... -- ARGV
+  rlimits:  sh -c RL_INIT ...  setpriv [--reuid=U --regid=U --clear-groups] --no-new-privs  prlimit ... -- GUARD ARGV
+(GUARD: `python -S -c <envs/sandbox_guard.py> KEEP_FDS --`.)
 The init shell joins the call's cgroups (writes "0" to each cgroup.procs), mounts the new root
 (namespaces), writes "ok" to a pipe, then execs the rest. The verdict is in the pipe before
-the command starts (dash cannot close an fd above 9, so the command inherits the write end and
-can only append), so the command cannot forge a set-up failure (an exit code or a message could
-be forged, and a forged infra failure would drop the trajectory instead of scoring it). The inner user namespace maps only U, so the command has no capabilities:
+the command starts, and the guard (envs/sandbox_guard.py, the last step before ARGV) closes the
+pipe (dash cannot close an fd above 9, and an open fd can be reopened for reading through
+/proc/self/fd), so the command can neither forge a set-up failure nor drain the verdict (an exit
+code or a message could be forged, and a forged infra failure would drop the trajectory instead
+of scoring it). The inner user namespace maps only U, so the command has no capabilities:
 no mount or umount, and being chrooted it cannot create namespaces or chroot again; setuid
 files do nothing (nosuid mounts, no_new_privs).
 

@@ -66,6 +66,23 @@ def pristine_module_via_dir_fd(ctx):
 
 
 @attack("reward")
+def rebind_the_grading_signer(ctx):
+    """Issue 21's attack on the signed-record grading: rebind the plugin's module-global signer so that
+    every test reports a pass and the canaries (known by their names) a failure."""
+    return reward_after_submit(ctx, (
+        "import re, sys\n"
+        "_g = sys.modules.get('libra_grade')\n"
+        "if _g is not None and getattr(_g, '_emit', None) is not None:\n"
+        "    _real = _g._emit\n"
+        "    def _forge(nodeid, what, _real=_real):\n"
+        "        if not what.startswith('call'):\n"
+        "            return\n"
+        "        canary = re.search(r'::test_(check|keeps|handles|returns)_[0-9a-f]{8}$', nodeid)\n"
+        "        _real(nodeid, 'call:failed' if canary else 'call:passed')\n"
+        "    _g._emit = _forge\n"))
+
+
+@attack("reward")
 def rebind_runner_to_answer_true(ctx):
     """The graded package rewrites the probe runner it runs in: every check reports True, no test raises."""
     return reward_after_submit(ctx, (
@@ -155,13 +172,13 @@ def exit_in_the_grading_parent(ctx):
 
 @attack("crash")
 def package_too_deep_to_copy(ctx):
-    """A dir chain deeper than PATH_MAX in the package: copying it failed with OSError and dropped the
-    trajectory as an infra failure; it must be reward 0 (bad_package)."""
+    """A chain of long dir names in the package, past PATH_MAX on the host: copying it raised OSError and
+    dropped the trajectory as an infra failure; it must be reward 0 (bad_package)."""
     ep = swe_with_init(ctx, ("import os\n"
                              "if not os.path.exists('plan.json'):\n"
                              "    os.chdir(os.path.dirname(__file__))\n"
-                             "    for _ in range(2200):\n"
-                             "        os.makedirs('a', exist_ok=True); os.chdir('a')\n"
+                             "    for _ in range(20):\n"
+                             "        os.makedirs('d' * 250, exist_ok=True); os.chdir('d' * 250)\n"
                              "    open('x.py', 'w').write('x = 1')\n"))
     try:
         ep.execute(call("run_tests"))
@@ -169,6 +186,16 @@ def package_too_deep_to_copy(ctx):
         return Outcome(reward == 0.0 and ep.grade.reason == "bad_package", f"reward {reward} ({ep.grade.reason}: {ep.grade.detail[:60]})")
     finally:
         ep.close()
+
+
+@attack("crash")
+def workdir_too_deep_to_remove(ctx):
+    """2,200 nested dirs in the work dir: removing it at close overflowed shutil.rmtree's recursion."""
+    env = ctx.math_env()
+    ep = env.start(env.tasks()[0])
+    ep.execute(call("python", code="import os\nfor _ in range(2200):\n    os.mkdir('a'); os.chdir('a')\n"))
+    ep.close()
+    return Outcome(not ep.workdir.exists(), "removed" if not ep.workdir.exists() else "left behind")
 
 
 @attack("crash")

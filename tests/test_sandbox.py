@@ -174,6 +174,50 @@ def test_pass_fds_and_read_only_workdir(ns_sandbox):
         assert not (w / "x").exists()
 
 
+_SOCKETS = """
+import os, socket
+out = []
+for fam, typ in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_DGRAM), (socket.AF_NETLINK, socket.SOCK_RAW),
+                 (40, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM)):
+    try:
+        socket.socket(fam, typ).close(); out.append("ok")
+    except OSError as e:
+        out.append(str(e.errno))
+for typ in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+    try:
+        socket.socketpair(socket.AF_UNIX, typ); out.append("ok")
+    except OSError as e:
+        out.append(str(e.errno))
+print(" ".join(out), sorted(int(f) for f in os.listdir("/proc/self/fd")))
+"""
+
+
+def test_the_guard_allows_ip_sockets_only_and_leaves_no_inherited_fd(sandbox, work):
+    keep_r, keep_w = os.pipe()
+    try:
+        r = _run(sandbox, _SOCKETS, work, pass_fds=(keep_w,))
+    finally:
+        os.close(keep_r)
+        os.close(keep_w)
+    assert r.status == "success", r.stderr
+    got, fds = r.stdout.split(" [")
+    # unix stream, unix dgram, netlink, vsock refused (EACCES); TCP, UDP6, a stream pair allowed; no datagram pair
+    assert got.split() == ["13", "13", "13", "13", "ok", "ok", "ok", "13"]
+    # 0-2, the fd passed on purpose, the listing's own: nothing else (the set-up pipe is closed)
+    assert [int(x) for x in fds.rstrip("]\n").split(", ")] == sorted({0, 1, 2, 3, keep_w}), r.stdout
+
+
+def test_the_guard_filter_is_well_formed():
+    from envs import sandbox_guard as g
+
+    for machine in ("x86_64", "aarch64"):
+        rows = g.program(machine)
+        for i, (code, jt, jf, _) in enumerate(rows):  # every jump lands inside the program, on a later row
+            if code in (0x15, 0x35):
+                assert i + 1 + max(jt, jf) < len(rows)
+        assert rows[-1][0] == 0x06 and all(r[0] in (0x20, 0x15, 0x35, 0x54, 0x06) for r in rows)
+
+
 def test_fstab_binds_only_the_workdir_writable():
     rows = sfs.fstab(newroot=Path("/rt/root"), devskel=Path("/rt/dev"), cwd="/tmp/libra-sandbox/w",
                      exposed=["/tmp/ci/.venv"], hidden=["/tmp/ci/.venv/swe_tasks"], tmpfs_mb=64).splitlines()
