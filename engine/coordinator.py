@@ -58,7 +58,7 @@ def core_config(cfg, spec) -> core.CoreConfig:
     """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction."""
     return core.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
                            lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
-                           checkpoint_every=cfg.step.checkpoint_every)
+                           checkpoint_every=cfg.step.checkpoint_every, batch_by_finish=spec.batch_by_finish)
 
 
 def finished_of(traj: Trajectory) -> core.Finished:

@@ -18,6 +18,11 @@ Algorithm:
    drops the stale ones (older than `max_staleness` versions) and returns the rest in request
    order (finish order is a race). `on_trained` bumps the policy version; `end_step` builds the
    `MetricsRow` and the planner's `StepStats`, and asks the planner for a new layout.
+   `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
+   groups to finish, as many as a step admits, from whichever admitted steps they come; a
+   long group waits for a later batch instead of holding this one. Its staleness is bounded at
+   admission, as AReaL bounds it (at most `lookahead` steps ahead of the trainer), not by dropping:
+   a group that outlives several updates is trained, and the row reports its lag.
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
    that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
 
@@ -30,7 +35,6 @@ request of a removed instance.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from runlog import MetricsRow, idle_fractions
@@ -45,6 +49,7 @@ class CoreConfig:
     max_staleness: int  # a trajectory older than this many policy versions is dropped, not trained
     lookahead: int  # steps admitted ahead of the trainer (0: synchronous, e.g. colocate)
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
@@ -157,8 +162,17 @@ class Step:
     request_ids: list[str] = field(default_factory=list)
     prompt_ids: dict[str, str] = field(default_factory=dict)  # request -> task id (the ledger's trained order)
     done: dict[str, Finished | None] = field(default_factory=dict)  # None: dropped
-    dropped: dict[str, int] = field(default_factory=dict)  # drops of this step's trajectories, by reason
+    drop_reasons: dict[str, str] = field(default_factory=dict)  # request -> why it was dropped
+    groups: dict[str, list[str]] = field(default_factory=dict)  # GRPO group -> its requests, in admission order
     ready_s: float | None = None
+    taken_groups: int = 0  # finish-order batching: groups of this step already in a batch
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for reason in self.drop_reasons.values():
+            out[reason] = out.get(reason, 0) + 1
+        return out
 
     @property
     def complete(self) -> bool:
@@ -188,6 +202,11 @@ class StepCore:
         self._train_tokens: int | None = None
         self._last_step_end = 0.0
         self._reconfig_s = 0.0  # paid since the last step ended; reported in the next row
+        # finish-order batching (fully async): complete groups in the order they completed, the
+        # members each group still waits for, and the batch in training as a step of its own
+        self._ready_groups: list[tuple[int, str]] = []
+        self._group_left: dict[tuple[int, str], int] = {}
+        self._batch_step: Step | None = None
 
     @property
     def done(self) -> bool:
@@ -215,6 +234,8 @@ class StepCore:
             self.ledger.start(r.request_id, step)
             st.request_ids.append(r.request_id)
             st.prompt_ids[r.request_id] = r.prompt_id
+            st.groups.setdefault(r.group_id, []).append(r.request_id)
+            self._group_left[(step, r.group_id)] = self._group_left.get((step, r.group_id), 0) + 1
             adds.append(Add(r.request_id, route.instance_id, r.group_id, r.task, resumed=False))
         self.admitted += 1
         if not requests:
@@ -268,27 +289,45 @@ class StepCore:
         st = self.steps[req.step]
         if fin.infra_failed:
             self.ledger.drop(request_id, "tool_infra")
-            st.dropped["tool_infra"] = st.dropped.get("tool_infra", 0) + 1
+            st.drop_reasons[request_id] = "tool_infra"
             st.done[request_id] = None
         else:
             self.ledger.finish(request_id)
             st.done[request_id] = fin
         if st.complete and st.ready_s is None:
             st.ready_s = now
+        key = (req.step, req.group_id)
+        self._group_left[key] -= 1
+        if not self._group_left[key]:
+            del self._group_left[key]
+            self._ready_groups.append(key)
 
     # ---- training ------------------------------------------------------------------------------
     def take_batch(self, now: float) -> TrainBatch | None:
-        """The next step's batch once all of it is in (stale trajectories dropped), else None."""
-        st = self.steps.get(self.trained)
-        if self._training is not None or st is None or not st.complete:
+        """The next step's batch once all of it is in (stale trajectories dropped), else None.
+
+        With `batch_by_finish`: once as many complete groups as a step admits have finished
+        (in any admitted step), the first of them in finish order (AReaL-style fully async)."""
+        if self._training is not None:
             return None
+        if self.cfg.batch_by_finish:
+            st = self._finish_order_step(now)
+            if st is None:
+                return None
+        else:
+            st = self.steps.get(self.trained)
+            if st is None or not st.complete:
+                return None
         ids, payloads = [], []
         for rid, fin in sorted(st.done.items()):  # finish order is a race: train in request order
             if fin is None:
                 continue
-            if fin.first_version is not None and self.version - fin.first_version > self.cfg.max_staleness:
+            # fully async bounds staleness where AReaL does, at admission (at most `lookahead` steps
+            # ahead); a long group that spans more updates is trained, its lag reported in the row
+            if (not self.cfg.batch_by_finish and fin.first_version is not None
+                    and self.version - fin.first_version > self.cfg.max_staleness):
                 self.ledger.drop(rid, "stale")
-                st.dropped["stale"] = st.dropped.get("stale", 0) + 1
+                st.drop_reasons[rid] = "stale"
                 st.done[rid] = None
                 continue
             ids.append(rid)
@@ -297,11 +336,33 @@ class StepCore:
         self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
         return self._training
 
+    def _finish_order_step(self, now: float) -> Step | None:
+        """The batch of the first complete groups to finish, as a step of its own; None until enough are in."""
+        first = self.steps.get(min(self.steps)) if self.steps else None
+        need = len(first.groups) if first is not None else 0
+        if not need or len(self._ready_groups) < need:
+            return None
+        keys, self._ready_groups = self._ready_groups[:need], self._ready_groups[need:]
+        st = Step(index=self.trained, admitted_s=min(self.steps[s].admitted_s for s, _ in keys), ready_s=now)
+        for s, group in keys:
+            src = self.steps[s]
+            for rid in src.groups[group]:
+                st.request_ids.append(rid)
+                st.prompt_ids[rid] = src.prompt_ids[rid]
+                st.done[rid] = src.done[rid]
+                if rid in src.drop_reasons:
+                    st.drop_reasons[rid] = src.drop_reasons[rid]
+            src.taken_groups += 1
+            if src.taken_groups == len(src.groups):
+                del self.steps[s]
+        self._batch_step = st
+        return st
+
     def on_trained(self, *, train_s: float, metrics: dict | None = None, train_tokens: int | None = None) -> None:
         """The trainer finished the batch of `take_batch` (not called for an empty batch)."""
         batch = self._training
         assert batch is not None and batch.request_ids, "on_trained without a non-empty batch in training"
-        st = self.steps[batch.step]
+        st = self._batch_step if self.cfg.batch_by_finish else self.steps[batch.step]
         for rid in batch.request_ids:
             self.ledger.train(rid, st.prompt_ids[rid])
         self.version += 1
@@ -312,7 +373,10 @@ class StepCore:
         """The step's row and stats; the planner's decision for the next layout."""
         batch, self._training = self._training, None
         assert batch is not None, "end_step without take_batch"
-        st = self.steps.pop(batch.step)
+        if self.cfg.batch_by_finish:
+            st, self._batch_step = self._batch_step, None
+        else:
+            st = self.steps.pop(batch.step)
         fins = [st.done[rid] for rid in batch.request_ids]
         row = self._row(st, fins, now, sync_s)
         skipped = not self._train_metrics.get("train/stepped", 1)

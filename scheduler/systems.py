@@ -46,6 +46,8 @@ class SystemSpec:
     realloc: bool  # ranks may move between training and rollout
     async_pipeline: bool  # rollout of step n+1 overlaps training of step n
     colocated: bool  # every rank generates, then trains (verl style)
+    batch_by_finish: bool = False  # a batch is the first complete groups to finish, from any admitted step
+    interrupt_on_update: bool = False  # a weight update interrupts in-flight generation: KV recomputed on the new weights
     sim_only: bool = False  # needs knowledge only the simulator has
     description: str = ""  # one line for tables and --help
 
@@ -67,6 +69,15 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("colocate", "least_load", False, False, False,
           "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
     _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
+    _spec("verl-async", "least_load", False, False, False,
+          "verl's one-step-off async: static's parts (fixed split, one TP, least-load), compared at its best TP and split"),
+    _spec("fully-async", "least_load", False, False, False,
+          "AReaL-style: continuous rollout, batches of the first groups to finish, bounded staleness, partial rollout "
+          "interrupted at each weight update (its KV recomputed on the new weights)", batch_by_finish=True,
+          interrupt_on_update=True),
+    _spec("partial-rollout", "least_load", False, False, False,
+          "slime/APRIL-style: batches of the first groups to finish, unfinished ones carried on with the new weights, "
+          "their KV kept", batch_by_finish=True),
     _spec("length_aware", "length_aware", True, False, False, "fixed split, heterogeneous buckets, per-prompt length predictor"),
     _spec("la_mlfq", "la_mlfq", True, False, False, "fixed split, heterogeneous buckets, MLFQ demotion by token limits"),
     _spec("oracle", "oracle", True, True, True, "clairvoyant routing by true length + planner: the lower bound", sim_only=True),

@@ -86,14 +86,18 @@ class CachedCost:
 class ClusterSim:
     def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, is_async: bool,
                  longest_first: bool = False, clairvoyant: bool = False, free_sync: bool = False, free_reconfig: bool = False,
-                 record: bool = False, ctx_quantum: int = 64):
+                 record: bool = False, ctx_quantum: int = 64, batch_by_finish: bool = False,
+                 interrupt_on_update: bool = False):
         self.cfg = cfg
         self.cost = CachedCost(cost, ctx_quantum)
         self.workload = workload
         self.router = router
         self.core = core.StepCore(core.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
-                                                  lookahead=cfg.max_staleness if is_async else 0),
+                                                  lookahead=cfg.max_staleness if is_async else 0,
+                                                  batch_by_finish=batch_by_finish),
                                   router, planner, role_map)
+        self.interrupt_on_update = interrupt_on_update  # AReaL: in-flight KV is recomputed on the new weights
+        self.stats: list = []  # the core's StepStats, one per step (what a planner would have seen)
         self.longest_first = longest_first
         self.clairvoyant = clairvoyant  # the router is the oracle: tell it every spec up front
         self.free_sync = free_sync
@@ -304,6 +308,10 @@ class ClusterSim:
         batch = self.core.take_batch(self.now)
         if batch is None:
             return
+        if not batch.payloads:  # every member was stale: nothing to train or sync (as the coordinator does)
+            self.trainer_busy = True
+            self._push(self.now, _SYNC_DONE, 0.0)
+            return
         tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
         num_trainer = len(self.role_map.trainer_ranks)
         # the real trainer skips a step in which no group's rewards differ: its gradient is zero
@@ -320,7 +328,10 @@ class ClusterSim:
         rm = self.role_map
         sync = 0.0 if self.free_sync else self.cost.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks), rm.colocated)
         for inst in self.instances.values():
-            inst.stall(self.now, sync)
+            # partial rollout: generation stops for the update, and the running sequences' KV,
+            # computed by the old weights, is recomputed (a prefill of every token in the batch)
+            redo = self.cost.prefill_s(int(inst.kv_tokens()), inst.tp) if self.interrupt_on_update and inst.num_active else 0.0
+            inst.stall(self.now, sync + redo)
             self._kick(inst)
         # the control plane's per-step cost (Train/Trained, Sync/Synced round trips) delays the step's end
         self._push(self.now + sync + self.cost.step_overhead_s, _SYNC_DONE, sync)
@@ -329,6 +340,7 @@ class ClusterSim:
         self.trainer_busy = False
         end = self.core.end_step(self.now, sync_s=sync)
         self.rows.append(end.row.to_dict())
+        self.stats.append(end.stats)
         self.layouts.append(self.role_map)
         if end.plan is not None:
             self._apply_layout(end.plan.role_map)

@@ -23,6 +23,7 @@ timings); tokens and trajectories are equal across systems; no system beats `ora
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import resource
@@ -60,6 +61,8 @@ class SystemParts:
     is_async: bool
     colocated: bool
     oracle: bool = False
+    batch_by_finish: bool = False
+    interrupt_on_update: bool = False
 
 
 def make_workload(cfg: SimConfig):
@@ -91,7 +94,8 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         planner = sysmod.make_planner(system, real.role_map.world_size, cost, cfg.steps, cfg=real.planner,
                                       current=real.role_map, buckets=real.buckets, max_staleness=cfg.max_staleness)
         return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
-                           is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False)
+                           is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False,
+                           batch_by_finish=spec.batch_by_finish, interrupt_on_update=spec.interrupt_on_update)
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
     # would dominate the host time, so the simulator rebuilds about once per step.
     tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
@@ -104,7 +108,8 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                                   max_staleness=cfg.max_staleness)
     router = OracleRouter(cost, cfg.max_seqs_per_instance) if clairvoyant else sysmod.make_router(system, rcfg)
     return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
-                       colocated=bool(role_map.colocated), oracle=clairvoyant)
+                       colocated=bool(role_map.colocated), oracle=clairvoyant, batch_by_finish=spec.batch_by_finish,
+                       interrupt_on_update=spec.interrupt_on_update)
 
 
 # Standalone, the oracle's schedule is the best clairvoyant one over these planners/pipelines; in
@@ -117,11 +122,12 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
     """One schedule; `clairvoyant`: the oracle's router, longest-first admission, free sync and reconfiguration."""
     parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
     if fixed is not None:
-        parts = SystemParts(router=parts.router, planner=None, role_map=fixed, is_async=not fixed.colocated,
-                            colocated=fixed.colocated, oracle=clairvoyant)
+        parts = dataclasses.replace(parts, planner=None, role_map=fixed, is_async=not fixed.colocated,
+                                    colocated=fixed.colocated)
     sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
                      role_map=parts.role_map, is_async=parts.is_async, longest_first=clairvoyant,
-                     clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record)
+                     clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record,
+                     batch_by_finish=parts.batch_by_finish, interrupt_on_update=parts.interrupt_on_update)
     sim.run()
     return sim.layouts, parts, sim
 
@@ -166,9 +172,11 @@ def cost_model_of(cfg: SimConfig):
 
 
 def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=(),
-                real: RealSetup | None = None, layout: RoleMap | None = None) -> tuple[dict, list[dict], list, list]:
+                real: RealSetup | None = None, layout: RoleMap | None = None,
+                stats_out: list | None = None) -> tuple[dict, list[dict], list, list]:
     """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system;
-    `layout`: hold this role map for the whole run instead of the system's first layout and planner."""
+    `layout`: hold this role map for the whole run instead of the system's first layout and planner;
+    `stats_out`: receives the run's StepStats (what a planner would have seen)."""
     t0 = time.perf_counter()
     cost = cost_model_of(cfg)
     curve = curve_for(cfg.bench, cfg.steps)
@@ -181,6 +189,8 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
             source = base if fixed is None else "fixed " + fixed.describe()
             best = (layouts, parts, sim, source if clairvoyant or system != ORACLE else source + " (own router)")
     layouts, parts, sim, source = best
+    if stats_out is not None:
+        stats_out.extend(sim.stats)
     tracker = RewardTracker(curve, cfg.staleness_penalty)
     # the simulator trains nothing: its reward is the documented model of training progress
     metrics = [{**row, "reward_mean": tracker.step(row["staleness_max"])} for row in sim.rows]

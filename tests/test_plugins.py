@@ -11,7 +11,7 @@ import pytest
 
 import libra
 from envs.base import ToolCall, run_scripted
-from envs.plugins import build_env, check_plugins, load_object, make_run_env, reward_fn
+from envs.plugins import build_env, check_plugins, make_run_env, reward_fn
 from examples.guess_env import GuessEnv
 from examples.my_reward import exact_answer
 

@@ -9,7 +9,7 @@ import torch
 
 from engine.models import build_tiny, render_prompt
 from engine.rollout import Finished, Progress, RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
-from envs.base import Task, ToolCall, ToolCallError, ToolInfraError, ToolResult
+from envs.base import Task, ToolCallError, ToolInfraError, ToolResult
 
 torch.set_num_threads(1)
 

@@ -39,7 +39,8 @@ def test_compare_writes_design_outputs_for_every_system(small_compare):
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2, 3, 4]  # 1-based, as in real runs
         assert all(METRIC_FIELDS <= set(r) for r in rows)
-        assert all(r["staleness_max"] <= SMALL.max_staleness for r in rows)
+        if not SYSTEMS.get(name, SYSTEMS["libra"]).batch_by_finish:  # the continuous peers bound it at admission
+            assert all(r["staleness_max"] <= SMALL.max_staleness for r in rows)
 
 
 def test_tokens_and_trajectories_are_conserved_across_systems(small_compare):

@@ -130,6 +130,39 @@ def test_the_row_counts_why_each_reward_is_what_it_is():
     assert not any(k.startswith("dropped/") for k in row)  # nothing was dropped
 
 
+def test_finish_order_batches_take_the_first_complete_groups_from_any_step():
+    """fully-async / partial-rollout: a long group does not hold the batch; admission stays bounded."""
+    c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), None, layout())
+    c.start(0.0)
+
+    def admit_groups(now):
+        s = c.next_admissible()
+        return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
+                                      prompt_tokens=10) for g in range(2) for i in range(2)], now)
+
+    admit_groups(0.0)
+    admit_groups(0.0)
+    assert c.next_admissible() is None  # lookahead 1: two steps in flight at most
+    for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):  # s0-g1 waits on its long member
+        finish(c, rid, 1.0)
+    batch = c.take_batch(2.0)
+    assert batch.request_ids == ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1") and batch.step == 0
+    c.on_trained(train_s=1.0)
+    row = c.end_step(3.0, sync_s=0.0).row
+    assert (row.step, row.trajectories, row.rollout_s) == (1, 4, 2.0)
+    assert c.next_admissible() == 2  # one batch trained: one more step may start
+    finish(c, "s0-g1-1", 4.0, version=0)  # two versions late by now: trained, its lag reported
+    for rid in ("s1-g0-0", "s1-g0-1"):
+        finish(c, rid, 4.0)
+    batch = c.take_batch(4.0)
+    assert set(batch.request_ids) == {"s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"}
+    assert 0 not in c.steps and 1 not in c.steps  # both admitted steps are used up
+    c.on_trained(train_s=1.0)
+    c.end_step(5.0, sync_s=0.0)
+    c.cancel_all(6.0)
+    assert c.ledger.counts()["trained"] == 8
+
+
 def test_a_skipped_update_reports_no_training_time_to_the_planner():
     planner = FakePlanner()
     c = make_core(planner=planner)
