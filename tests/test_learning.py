@@ -2,7 +2,7 @@
 
 Why not `envs/toy.py`: its answers ("blue", "green", "gold") are 3-4 tokens each in the tiny
 tokenizer, so a random policy over 512 tokens never samples one and GRPO sees only zero
-advantages. `DigitEnv` below keeps the Env protocol with a dense reward a random policy can
+advantages. `DigitEnv` (examples/digits_env.py) keeps the Env protocol with a dense reward a random policy can
 climb: the share of digit characters in the reply. The sampler is a plain KV-cached loop that
 records the behaviour log-probs and policy versions exactly as the rollout engine does.
 """
@@ -12,42 +12,12 @@ import torch
 from engine.models import build_tiny, render_prompt
 from engine.trainer import Trainer, TrainerConfig
 from engine.trajectory import Trajectory
-from envs.base import Task, ToolCall, ToolCallError, ToolResult
+from examples.digits_env import DigitEnv
 
 NUM_STEPS = 30
 TASKS_PER_STEP = 4
 SAMPLES_PER_TASK = 8
 MAX_NEW_TOKENS = 8
-
-
-class DigitEpisode:
-    def execute(self, call: ToolCall | ToolCallError) -> ToolResult:
-        return ToolResult(tool="<none>", text="this task has no tools", status="failure")
-
-    def score(self, final_text: str) -> float:
-        chars = [c for c in final_text if not c.isspace()]
-        return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
-
-    def close(self) -> None:
-        pass
-
-
-class DigitEnv:
-    name = "digits"
-
-    def __init__(self, num_tasks: int = 8):
-        self._tasks = [Task(task_id=f"digits-{i}", bench="digits", tools=(),
-                            messages=({"role": "user", "content": f"Reply with digits only, please ({i})."},))
-                       for i in range(num_tasks)]
-
-    def tasks(self) -> list[Task]:
-        return list(self._tasks)
-
-    def start(self, task: Task) -> DigitEpisode:
-        return DigitEpisode()
-
-    def close(self) -> None:
-        pass
 
 
 @torch.no_grad()

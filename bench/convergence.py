@@ -1,0 +1,152 @@
+"""Convergence for real: train to a reward target with each system, several seeds, same tasks.
+
+    python -m bench.convergence [--systems libra,colocate,static,verl-async,fully-async,partial-rollout]
+                                [--seeds 3] [--steps 40] [--target 0.8] [--out runs/convergence]
+                                [--profile FILE | --no-profile]
+
+Each (system, seed) is a real `python libra.py` run (separate processes, one after another, so
+they do not share the cores) of the tiny policy on `examples/digits_env.py` (a dense reward a
+random policy can climb) with the same tasks, seed and GRPO settings. Libra's planner prices
+layouts with this machine's measured costs (`bench.profile`, measured once into the output dir
+unless `--profile` names one; `--no-profile` plans on the built-in CPU table, which on 2 cores
+moves ranks to a trainer that FSDP across shared cores makes slower). It reports per system:
+steps and wall seconds to the first step whose mean reward reaches the target (mean and range
+over seeds; "-" when a seed never reached it), tokens/s, and the reward-vs-wall-time curves
+(`convergence.png`). From the steps-to-target of the synchronous `colocate` (staleness 0) and
+of a one-step-off system (staleness 1) it derives the measured staleness penalty: the fraction
+of a step's progress a one-step-stale batch loses, `1 - steps(colocate) / steps(stale-1)`, the
+figure the simulator's reward model assumes (sim/reward.py; `--sim-penalty` prints what the
+simulator's default implies instead).
+
+Last line: `time_to_target colocate/libra: R` (mean over seeds; > 1: libra reaches the target sooner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout")
+# the tiny policy learns the digit task in ~10-15 steps at this rate; 1e-3 (the tiny preset) needs ~10x more
+RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--model", "tiny", "--device", "cpu", "--nproc", "4",
+            "--step.prompts-per-step", "4", "--step.samples-per-prompt", "8", "--rollout.max-new-tokens-per-turn", "8",
+            "--rollout.max-turns", "1", "--trainer.lr", "2e-2")
+
+
+def run_one(system: str, seed: int, steps: int, out: Path, profile: str = "") -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "libra.py"), *RUN_ARGS, "--system", system, "--seed", str(seed),
+           "--steps", str(steps), "--run.loggers", "", "--out", str(out)]
+    if profile:
+        cmd += ["--planner.profile", profile]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{system} seed {seed} failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {"summary": summary, "rows": rows}
+
+
+def to_target(rows: list[dict], target: float) -> tuple[int | None, float | None]:
+    """(step, wall seconds) of the first step whose mean reward reaches `target`."""
+    for r in rows:
+        if r["reward_mean"] >= target:
+            return r["step"], r["time_s"]
+    return None, None
+
+
+def _cell(xs: list[float | None], fmt: str) -> str:
+    got = [x for x in xs if x is not None]
+    if not got:
+        return "-"
+    text = format(statistics.mean(got), fmt)
+    if len(xs) > 1:
+        text += f" ({format(min(got), fmt)}-{format(max(got), fmt)})" + ("" if len(got) == len(xs) else f" {len(got)}/{len(xs)}")
+    return text
+
+
+def plot(results: dict, target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (system, runs) in enumerate(results.items()):
+        for j, run in enumerate(runs):
+            ax.plot([r["time_s"] for r in run["rows"]], [r["reward_mean"] for r in run["rows"]], color=colors[i % len(colors)],
+                    alpha=0.8, label=system if j == 0 else None)
+    ax.axhline(target, color="gray", ls="--", lw=1)
+    ax.set_xlabel("wall seconds (this machine)")
+    ax.set_ylabel("mean reward of the step's batch")
+    ax.set_title("tiny policy on the digit task: reward vs wall time, every seed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--out", default="runs/convergence")
+    p.add_argument("--profile", default="", help="a bench.profile JSON for the planner (default: measure one, ~12 s)")
+    p.add_argument("--no-profile", action="store_true", help="plan on the built-in CPU table instead of measured costs")
+    args = p.parse_args()
+    systems = [s for s in args.systems.split(",") if s]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = args.profile
+    if not profile and not args.no_profile:
+        profile = str(out / "tiny-cpu-profile.json")
+        print(f"[convergence] measuring this machine's costs for the planner -> {profile} ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "bench.profile", "--model", "tiny", "--out", profile], cwd=ROOT, check=True,
+                       capture_output=True, timeout=600)
+    results: dict[str, list[dict]] = {s: [] for s in systems}
+    for seed in range(args.seeds):
+        for system in systems:
+            print(f"[convergence] {system} seed {seed} ...", file=sys.stderr, flush=True)
+            results[system].append(run_one(system, seed, args.steps, out / f"{system}-seed{seed}", profile))
+    print(f"{'system':<16} {'steps to target':>22} {'seconds to target':>24} {'tokens/s':>14} {'staleness max':>13}")
+    steps_of: dict[str, list[int | None]] = {}
+    secs_of: dict[str, list[float | None]] = {}
+    for system, runs in results.items():
+        hits = [to_target(r["rows"], args.target) for r in runs]
+        steps_of[system], secs_of[system] = [h[0] for h in hits], [h[1] for h in hits]
+        tps = [r["summary"]["tokens_per_s"] for r in runs]
+        stale = max(max(row["staleness_max"] for row in r["rows"]) for r in runs)
+        print(f"{system:<16} {_cell(steps_of[system], '.1f'):>22} {_cell(secs_of[system], '.1f'):>24} "
+              f"{_cell(tps, '.0f'):>14} {stale:>13}")
+    plot(results, args.target, out / "convergence.png")
+    (out / "convergence.json").write_text(json.dumps(
+        {"target": args.target, "steps": args.steps, "seeds": args.seeds, "run_args": RUN_ARGS,
+         "steps_to_target": steps_of, "seconds_to_target": secs_of}, indent=2))
+
+    def mean(xs):
+        got = [x for x in xs if x is not None]
+        return statistics.mean(got) if len(got) == len(xs) and got else None
+
+    sync = mean(steps_of.get("colocate", []))
+    for stale in ("static", "verl-async", "libra"):
+        one = mean(steps_of.get(stale, []))
+        if sync and one:
+            print(f"measured staleness penalty ({stale} vs colocate): {1 - sync / one:.2f} of a step per step of staleness "
+                  f"(the simulator's default: {SimConfig.staleness_penalty:.2f})")
+    print(f"wrote {out / 'convergence.png'} and {out / 'convergence.json'}")
+    lib, col = mean(secs_of.get("libra", [])), mean(secs_of.get("colocate", []))
+    print(f"time_to_target colocate/libra: {col / lib if lib and col else float('nan'):.2f}")
+
+
+if __name__ == "__main__":
+    main()
