@@ -112,8 +112,12 @@ def _score_and_close(episode, final_text: str, score: bool):
 
 
 class RolloutEngine:
-    def __init__(self, model, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0, tp_group=None, instance_id: int = 0):
+    def __init__(self, model, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0, tp_group=None,
+                 instance_id: int = 0, recompute_kv_on_update: bool = False):
         self.tokenizer = tokenizer
+        # AReaL-style: a weight update interrupts in-flight requests and their KV is recomputed
+        # with the new weights (re-prefill); the default keeps the old KV (partial rollout)
+        self.recompute_kv_on_update = recompute_kv_on_update
         self.cfg = cfg
         self.policy_version = policy_version
         self.instance_id = instance_id
@@ -125,6 +129,7 @@ class RolloutEngine:
         self._pending_drops: list[str] = []
         self._leader_idle = True
         self._offloaded = False
+        self.num_recomputed = 0  # requests whose KV a weight update made this engine recompute
         self.eos_ids = self._eos_ids(tokenizer, model)
         close = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
         self._close_call_id = close[0] if len(close) == 1 else None
@@ -213,6 +218,8 @@ class RolloutEngine:
             self.runner.set_weights(named)
             self.policy_version = version
             self._pending_weights = None
+            if self.recompute_kv_on_update and self.runner.is_leader:
+                self._interrupt_for_recompute()
         if not self.runner.is_leader:
             self._leader_idle = self.runner.serve_step()
             return []
@@ -228,6 +235,16 @@ class RolloutEngine:
         return events
 
     # ---- internals ----------------------------------------------------------------------------
+    def _interrupt_for_recompute(self) -> None:
+        """Drop every request's KV; running ones rejoin first and re-prefill their tokens on the new weights."""
+        running = list(self.runner.rows)
+        for rid in running + list(self.runner.parked):
+            self.runner.drop(rid)
+        for rid in reversed(running):
+            self.seqs[rid].phase = "ready"
+            self.ready.appendleft(rid)
+        self.num_recomputed += len(running)
+
     def _forget(self, seq: _Seq) -> None:
         rid = seq.req.request_id
         if rid in self.ready:

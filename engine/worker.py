@@ -206,8 +206,11 @@ class Worker:
             from engine.tp import parallelize
 
             model = parallelize(model, tp_group, device_type=self.device.type)
+        from scheduler.systems import get_system
+
         self.engine = RolloutEngine(model, tokenizer, self.cfg.rollout, device=self.device, policy_version=self.version,
-                                    tp_group=tp_group, instance_id=inst.instance_id)
+                                    tp_group=tp_group, instance_id=inst.instance_id,
+                                    recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)
         self.instance = inst
 
     def _close_engine(self) -> None:

@@ -221,6 +221,28 @@ def test_set_weights_between_iterations_keeps_in_flight():
     assert torch.equal(model.model.embed_tokens.weight, other.model.embed_tokens.weight)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_an_update_recomputes_in_flight_kv_only_when_asked(recompute):
+    """fully-async (AReaL): tokens after an update are sampled from the new weights over KV recomputed with
+    them, so their log-probs equal a teacher-forced pass of the new model; partial rollout keeps the old KV."""
+    model, tok = build_tiny(0)
+    new, _ = build_tiny(1)
+    eng = RolloutEngine(model, tok, RolloutConfig(temperature=0.0, max_new_tokens_per_turn=30, max_total_tokens=400),
+                        device="cpu", recompute_kv_on_update=recompute)
+    eng.add(RolloutRequest("w", task_for(0), FakeEpisode(), render_prompt(tok, task_for(0).messages, ()), "g"))
+    for _ in range(10):
+        eng.step()
+    eng.set_weights(dict(new.state_dict()), 7)
+    traj = run(eng, [])[0]["w"]
+    assert traj.policy_versions == [0, 7] and traj.num_model_tokens == 30 and eng.num_recomputed == int(recompute)
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(new(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0, :-1], -1)
+    after = [i for i in range(traj.prompt_len, traj.num_tokens) if traj.versions[i] == 7]
+    gap = max(abs(logp[i - 1, traj.token_ids[i]].item() - traj.logprobs[i]) for i in after)
+    assert (gap < 1e-4) == recompute, gap
+
+
 @pytest.mark.parametrize(
     "kw, msg",
     [
