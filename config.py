@@ -322,8 +322,12 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
         demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data and not cfg.run.env else 0
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
+    # finish-order systems (AReaL-style) bound staleness at admission; a long group that spans more
+    # updates is trained with its behaviour log-probs, as they do, so the trainer checks no bound
+    spec = SYSTEMS.get(cfg.run.system)
+    max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
-        cfg.trainer, max_staleness=cfg.step.max_staleness, temperature=temperature))
+        cfg.trainer, max_staleness=max_staleness, temperature=temperature))
 
 
 def load_config(path: Path) -> LibraConfig:

@@ -27,7 +27,7 @@ and optimizer state with bf16 compute (FSDP2 mixed precision when sharded, autoc
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
 change otherwise; loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
 reference; the plan covers every trajectory exactly once; staleness beyond `max_staleness`
-or a policy_version mismatch is refused.
+(unless None: finish-order systems bound it at admission) or a policy_version mismatch is refused.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Trainer:
             used = t.policy_versions
             if used and used[-1] > policy_version:
                 raise ValueError(f"trajectory {t.request_id} has tokens of version {used[-1]} > trainer version {policy_version}; versions come from the trainer")
-            if used and policy_version - used[0] > self.cfg.max_staleness:
+            if used and self.cfg.max_staleness is not None and policy_version - used[0] > self.cfg.max_staleness:
                 raise ValueError(f"trajectory {t.request_id} has staleness {policy_version - used[0]} > max_staleness={self.cfg.max_staleness}; drop it as stale before training")
 
     def train_step(self, trajectories: list[Trajectory], policy_version: int) -> dict[str, float]:

@@ -31,7 +31,7 @@ class TrainerConfig:
     aggregation: str = "token-mean"  # loss reduction over tokens: token-mean | seq-mean-token-mean
     micro_batch_tokens: int = 4096  # padded tokens (sequences x longest) per forward/backward
     recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
-    max_staleness: int = 1  # refuse tokens generated more than this many versions ago
+    max_staleness: int | None = 1  # refuse tokens generated more than this many versions ago (None: bounded at admission)
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
 
     def __post_init__(self):
@@ -57,7 +57,7 @@ class TrainerConfig:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 2; use a few thousand")
         if self.recompute_logprobs not in RECOMPUTE_MODES:
             raise ValueError(f"recompute_logprobs={self.recompute_logprobs!r} is unknown; use one of {RECOMPUTE_MODES}")
-        if self.max_staleness < 0:
+        if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0; use 0 for on-policy or 1 for one-step async")
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0; pass the rollout's sampling temperature")

@@ -31,6 +31,10 @@ def test_derived_fields_follow_their_source():
     cfg = parse_args(["--step.max-staleness", "2", "--rollout.temperature", "0.7"], device_kind_of=lambda d: "cpu")
     assert (cfg.trainer.max_staleness, cfg.trainer.temperature) == (2, 0.7)
     assert "--trainer.max-staleness" not in build_parser().format_help()
+    # finish-order peers bound staleness at admission (AReaL): their trainer takes a long group's lag
+    for system, bound in (("fully-async", None), ("partial-rollout", None), ("verl-async", 2), ("libra", 2)):
+        cfg = parse_args(["--system", system, "--step.max-staleness", "2"], device_kind_of=lambda d: "cpu")
+        assert cfg.trainer.max_staleness == bound, system
 
 
 @pytest.mark.parametrize("argv, demo_turns", [

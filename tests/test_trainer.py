@@ -150,6 +150,9 @@ def test_stale_tokens_are_recomputed_and_bounded():
     assert metrics["train/staleness_max"] == 1.0
     with pytest.raises(ValueError, match=r"trajectory r0 has staleness 2 > max_staleness=1; drop it as stale"):
         trainer.train_step(make_trajs(version=0), 2)
+    admitted = tiny_trainer(recompute_logprobs="stale", max_staleness=None)  # bounded at admission: any lag trains
+    admitted.policy_version = 2
+    assert admitted.train_step(make_trajs(version=0), 2)["train/staleness_max"] == 2.0
 
 
 def test_step_refuses_wrong_version_and_empty_batch():
