@@ -11,7 +11,11 @@ target; with the same curve for every system, time-to-reward ratios are step-tim
 corrected for staleness. It is a model, and every output says so (`REWARD_NOTE`).
 
 Curve parameters per bench are shaped after the paper's training curves (swe starts low and
-rises slowly, math starts higher); they are not fitted to data.
+rises slowly, math starts higher); they are not fitted to data. The staleness penalty is
+measured (`python -m bench.convergence`: real GRPO on the tiny model, one-step-off systems need
+~1.45x the steps of synchronous colocate to the target, a penalty of 0.31 per step of staleness),
+on a toy task; the simulator's time-to-reward is therefore not a headline figure (bench.sim_compare
+reports none), only a per-run column labelled as a model.
 
 Invariants (tests/test_sim_reward.py): reward rises monotonically with progress; staleness never
 speeds convergence; the default target is reached by an on-policy run at 60% of its steps.
