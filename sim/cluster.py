@@ -328,9 +328,12 @@ class ClusterSim:
         rm = self.role_map
         sync = 0.0 if self.free_sync else self.cost.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks), rm.colocated)
         for inst in self.instances.values():
-            # partial rollout: generation stops for the update, and the running sequences' KV,
-            # computed by the old weights, is recomputed (a prefill of every token in the batch)
-            redo = self.cost.prefill_s(int(inst.kv_tokens()), inst.tp) if self.interrupt_on_update and inst.num_active else 0.0
+            # fully async: generation stops for the update, and the running sequences' KV, computed
+            # by the old weights, is recomputed: a prefill of each sequence's context (attention is
+            # quadratic per sequence, not over the batch's tokens taken as one sequence)
+            redo = 0.0
+            if self.interrupt_on_update and inst.num_active:
+                redo = inst.num_active * self.cost.prefill_s(int(inst.kv_tokens() / inst.num_active), inst.tp)
             inst.stall(self.now, sync + redo)
             self._kick(inst)
         # the control plane's per-step cost (Train/Trained, Sync/Synced round trips) delays the step's end

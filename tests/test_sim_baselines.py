@@ -4,7 +4,8 @@ respect their staleness bound at admission."""
 
 import pytest
 
-from bench.presets import zero_tail
+from bench.presets import get_preset, zero_tail
+from scheduler.layout import split_role_map
 from scheduler.layout_search import Workload
 from sim.baselines import CONTINUOUS, TUNED, candidates, tune
 from sim.run import buckets_of, cost_model_of, play_system
@@ -50,3 +51,14 @@ def test_continuous_rollout_never_admits_past_its_bound(cfg, system):
         assert len(rows) == run.steps
         for req in admitted:  # the policy version at admission is the number of trained batches
             assert req.batch - req.version <= eta, (req.batch, req.version)
+
+
+def test_fully_async_pays_a_per_sequence_recompute_at_each_update():
+    """AReaL's interruption re-prefills each running sequence's own context on the new weights: a
+    few percent below partial rollout (which keeps the old KV) on the paper's swe at TP8, not the
+    40% a prefill of the batch's tokens taken as one long sequence (quadratic attention) cost."""
+    run = get_preset("paper_a800_48", "swe", 0).replace(steps=6, max_staleness=2)
+    single = buckets_of(run).single()
+    rm = split_role_map(world_size=48, num_trainer=24, rollout_tp=tuple((single[0].name, 8) for _ in range(3)), buckets=single)
+    tps = {s: play_system(run, s, layout=rm)[0]["tokens_per_s"] for s in ("partial-rollout", "fully-async")}
+    assert 0.8 < tps["fully-async"] / tps["partial-rollout"] < 1.0, tps
