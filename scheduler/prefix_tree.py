@@ -7,9 +7,11 @@ records:
 
 1. Walk each record down two tries keyed by outcome states: one for its prompt and one global.
    At depth d (after d tool returns) the node collects the sample `total - tokens_at[d-1]`
-   (at the root: `total - prompt_tokens`), i.e. the tokens that were still to come.
-2. Freeze each node into (count, mean, p-quantile) of its samples, and a fallback table keyed by
-   the last outcome alone (all depths pooled).
+   (at the root: `total - prompt_tokens`), i.e. the tokens that were still to come. A record
+   leaving the window takes its samples out again, so the samples always are the window's.
+2. At a rebuild, freeze each changed node into (count, mean, p-quantile) of its samples, and a
+   fallback table keyed by the last outcome alone (all depths pooled). Queries read only frozen
+   statistics, so between rebuilds they see the tree as of the last one.
 3. A query takes the deepest exact match with at least `min_samples` samples, preferring the
    prompt's own tree, then the global tree, then the last-outcome table; none -> no estimate.
 
@@ -25,6 +27,7 @@ last `window` records; `from_json(to_json())` gives identical estimates.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections import deque
@@ -70,22 +73,21 @@ class Estimate(NamedTuple):
 
 
 class Node:
-    __slots__ = ("children", "samples", "count", "mean", "tail")
+    """A trie node: its live samples, kept sorted, and the statistics frozen at the last rebuild."""
+
+    __slots__ = ("children", "samples", "total", "count", "mean", "tail")
 
     def __init__(self) -> None:
         self.children: dict[OutcomeState, Node] = {}
-        self.samples: list[int] | None = []
-        self.count, self.mean, self.tail = 0, 0.0, 0.0
+        self.samples: list[int] = []  # sorted; changes as records enter and leave the window
+        self.total = 0  # sum of samples
+        self.count, self.mean, self.tail = 0, 0.0, 0.0  # what queries read: as of the last rebuild
 
     def freeze(self, quantile: float) -> None:
-        s = sorted(self.samples or ())
+        s = self.samples
         self.count = len(s)
-        if s:
-            self.mean = sum(s) / len(s)
-            self.tail = float(s[max(0, math.ceil(quantile * len(s)) - 1)])
-        self.samples = None  # frees memory: only the statistics are read after a rebuild
-        for child in self.children.values():
-            child.freeze(quantile)
+        self.mean = self.total / len(s) if s else 0.0
+        self.tail = float(s[max(0, math.ceil(quantile * len(s)) - 1)]) if s else 0.0
 
 
 class Cursor:
@@ -104,13 +106,14 @@ class Cursor:
 class CausalPrefixTree:
     def __init__(self, cfg: PrefixTreeConfig | None = None) -> None:
         self.cfg = cfg or PrefixTreeConfig()
-        self._records: deque[TrajectoryRecord] = deque(maxlen=self.cfg.window)
+        self._records: deque[TrajectoryRecord] = deque()
         self._since_rebuild = 0
         self.generation = 0
         self._global = Node()
         self._prompts: dict[str, Node] = {}
         self._last: dict[OutcomeState, Node] = {}
-        self._global.freeze(self.cfg.quantile)
+        self._dirty: set[Node] = set()  # nodes whose samples changed since the last rebuild
+        self._emptied: list[tuple[dict, object, Node]] = []  # (parent's dict, key, node) left without samples
 
     @property
     def num_records(self) -> int:
@@ -119,39 +122,62 @@ class CausalPrefixTree:
     def add(self, record: TrajectoryRecord) -> bool:
         """Record a finished trajectory; return True when this call rebuilt the tree."""
         assert len(record.outcomes) == len(record.tokens_at), "one token count per outcome"
-        self._records.append(record)
+        self._append(record)
         self._since_rebuild += 1
         if self._since_rebuild >= self.cfg.rebuild_every:
             self.rebuild()
             return True
         return False
 
+    def _append(self, record: TrajectoryRecord) -> None:
+        self._records.append(record)
+        self._apply(record, +1)
+        if len(self._records) > self.cfg.window:
+            self._apply(self._records.popleft(), -1)
+
     def rebuild(self) -> None:
-        root, prompts, last = Node(), {}, {}
-        for rec in self._records:
-            proot = prompts.setdefault(rec.prompt_id, Node())
-            self._insert(root, proot, last, rec)
+        """Publish the window's statistics to queries. The samples are kept up to date as records
+        enter and leave the window (a sorted list per node), so only changed nodes are refrozen:
+        the same statistics as a rebuild from scratch, at a cost that follows the new records."""
         q = self.cfg.quantile
-        root.freeze(q)
-        for node in (*prompts.values(), *last.values()):
+        for node in self._dirty:
             node.freeze(q)
-        self._global, self._prompts, self._last = root, prompts, last
+        self._dirty.clear()
+        for parent, key, node in self._emptied:  # count 0 reads as absent: unhook it so memory follows the window
+            if not node.samples and parent.get(key) is node:
+                del parent[key]
+        self._emptied.clear()
         self._since_rebuild = 0
         self.generation += 1
 
-    @staticmethod
-    def _insert(root: Node, proot: Node, last: dict[OutcomeState, Node], rec: TrajectoryRecord) -> None:
-        g, p = root, proot
+    def _apply(self, rec: TrajectoryRecord, sign: int) -> None:
+        """Add (sign +1) or remove (-1) one record's samples along its paths in both tries and the last-outcome table."""
+        g = self._global
+        p = self._prompts.get(rec.prompt_id)
+        if p is None:
+            p = self._prompts[rec.prompt_id] = Node()
         remaining = rec.total_tokens - rec.prompt_tokens
-        g.samples.append(remaining)
-        p.samples.append(remaining)
+        # (node, sample, where it hangs): a node a removal empties is unhooked at the next rebuild
+        touched = [(g, remaining, None, None), (p, remaining, self._prompts, rec.prompt_id)]
+        last = self._last
         for outcome, at in zip(rec.outcomes, rec.tokens_at):
             remaining = max(0, rec.total_tokens - at)
-            g = g.children.setdefault(outcome, Node())
-            p = p.children.setdefault(outcome, Node())
-            g.samples.append(remaining)
-            p.samples.append(remaining)
-            last.setdefault(outcome, Node()).samples.append(remaining)
+            up_g, up_p = g.children, p.children
+            g = up_g.get(outcome) or up_g.setdefault(outcome, Node())
+            p = up_p.get(outcome) or up_p.setdefault(outcome, Node())
+            node = last.get(outcome) or last.setdefault(outcome, Node())
+            touched += ((g, remaining, up_g, outcome), (p, remaining, up_p, outcome), (node, remaining, last, outcome))
+        dirty = self._dirty
+        for node, value, parent, key in touched:
+            if sign > 0:
+                bisect.insort(node.samples, value)
+                node.total += value
+            else:
+                del node.samples[bisect.bisect_left(node.samples, value)]
+                node.total -= value
+                if not node.samples and parent is not None:
+                    self._emptied.append((parent, key, node))
+            dirty.add(node)
 
     # ---- queries ----------------------------------------------------------------------------
     def cursor(self, prompt_id: str) -> Cursor:
@@ -212,7 +238,7 @@ class CausalPrefixTree:
             raise ValueError(f"prefix tree JSON has format {data.get('format')!r}; expected 'libra-prefix-tree/1'")
         tree = cls(cfg)
         for pid, ptok, outs, at, total in data["records"]:
-            tree._records.append(
+            tree._append(
                 TrajectoryRecord(prompt_id=pid, prompt_tokens=int(ptok), outcomes=tuple(OutcomeState(*o) for o in outs),
                                  tokens_at=tuple(int(x) for x in at), total_tokens=int(total))
             )
