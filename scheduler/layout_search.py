@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from scheduler.api import StepStats
-from scheduler.costmodel import CostModel
+from scheduler.costmodel import CostModel, MemoizedCost
 from scheduler.layout import Bucket, RoleMap, RolloutInstance
 
 
@@ -141,7 +141,7 @@ class LayoutSearch:
                  max_batch: int, min_tp: int, min_train: int, lookahead: int = 1) -> None:
         if lookahead < 0:
             raise ValueError(f"LayoutSearch: lookahead={lookahead} must be >= 0 (0: synchronous)")
-        self.cm, self.world_size, self.buckets, self.lookahead = cm, world_size, buckets, lookahead
+        self.cm, self.world_size, self.buckets, self.lookahead = MemoizedCost(cm), world_size, buckets, lookahead
         self.allowed_tp, self.max_batch = allowed_tp, max_batch  # max_batch: sequences per instance, any TP
         self.min_tp, self.min_train = min_tp, min_train
         self._tables: dict = {}  # (demand without its path piece, tp) -> T(k), valid for one search

@@ -23,7 +23,9 @@ timings); tokens and trajectories are equal across systems; no system beats `ora
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import resource
@@ -128,8 +130,22 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
                      role_map=parts.role_map, is_async=parts.is_async, longest_first=clairvoyant,
                      clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record,
                      batch_by_finish=parts.batch_by_finish, interrupt_on_update=parts.interrupt_on_update)
-    sim.run()
+    with _sparse_gc():
+        sim.run()
     return sim.layouts, parts, sim
+
+
+@contextlib.contextmanager
+def _sparse_gc(gen0: int = 50_000):
+    """Collect garbage cycles less often during a run: it allocates millions of short-lived objects
+    over a large live heap, and the default thresholds spent a quarter of a 1,024-device run in
+    the collector (66.6 -> 51 s with it off). Memory is unchanged (peak 534 MB either way)."""
+    old = gc.get_threshold()
+    gc.set_threshold(gen0, 50, 50)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _layout_key(rm: RoleMap) -> tuple:
