@@ -12,7 +12,9 @@
   --scenarios`): `training_heavy` (the planner must give training devices), `zero_tail` (no
   tail: C-MLFQ has nothing to exploit), `heavy_tail` (a lognormal tail twice as wide in log space
   as the default), `pareto_tail` (a power-law tail, p99/median ~26x), `length_drift` (training
-  heavy at first, then trajectories grow 4x: the planner moves devices to training, then back).
+  heavy at first, then trajectories grow 4x: the planner moves devices to training, then back),
+  `throughput_bound` (64 trajectories per device a step: where small-TP throughput and a
+  high-TP lane for the tail should both pay).
 
 Batch sizes and step counts are ours (the paper's exact batch sizes are not reproduced); the
 workloads' tails follow its p99 ~10x median figure (see sim/workload.py).
@@ -76,7 +78,14 @@ def length_drift(bench: str = "swe", seed: int = 0) -> SimConfig:
                      seed=seed, workload_overrides=(("drift", 3.0),))
 
 
-SCENARIOS = ("training_heavy", "zero_tail", "heavy_tail", "pareto_tail", "length_drift")
+def throughput_bound(bench: str = "swe", seed: int = 0) -> SimConfig:
+    """64 trajectories per device a step (1,024 on 16 devices): decode batches are large, so TP1
+    instances out-decode TP8 per device, while the default tail still wants a fast lane."""
+    return SimConfig(bench=bench, num_devices=16, steps=8, prompts_per_step=64, samples_per_prompt=16, seed=seed,
+                     workload_overrides=(("drift", 0.0),))
+
+
+SCENARIOS = ("training_heavy", "zero_tail", "heavy_tail", "pareto_tail", "length_drift", "throughput_bound")
 
 PRESETS = {
     "default": default_sim,
@@ -89,6 +98,7 @@ PRESETS = {
     "heavy_tail": heavy_tail,
     "pareto_tail": pareto_tail,
     "length_drift": length_drift,
+    "throughput_bound": throughput_bound,
 }
 
 
