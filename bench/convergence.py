@@ -2,10 +2,10 @@
 
     python -m bench.convergence [--systems libra,colocate,static,verl-async,fully-async,partial-rollout]
                                 [--seeds 3] [--steps 40] [--target 0.8] [--out runs/convergence]
-                                [--profile FILE | --no-profile]
+                                [--profile FILE | --no-profile] [--model tiny|smollm2] [--lr LR]
 
 Each (system, seed) is a real `python libra.py` run (separate processes, one after another, so
-they do not share the cores) of the tiny policy on `examples/digits_env.py` (a dense reward a
+they do not share the cores) of the tiny policy (or `--model smollm2`) on `examples/digits_env.py` (a dense reward a
 random policy can climb) with the same tasks, seed and GRPO settings. Libra's planner prices
 layouts with this machine's measured costs (`bench.profile`, measured once into the output dir
 unless `--profile` names one; `--no-profile` plans on the built-in CPU table, which on 2 cores
@@ -34,15 +34,17 @@ from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout")
-# the tiny policy learns the digit task in ~10-15 steps at this rate; 1e-3 (the tiny preset) needs ~10x more
-RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--model", "tiny", "--device", "cpu", "--nproc", "4",
+RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--device", "cpu", "--nproc", "4",
             "--step.prompts-per-step", "4", "--step.samples-per-prompt", "8", "--rollout.max-new-tokens-per-turn", "8",
-            "--rollout.max-turns", "1", "--trainer.lr", "2e-2")
+            "--rollout.max-turns", "1")
+# the tiny policy learns the digit task in ~10-15 steps at 2e-2; 1e-3 (the tiny preset) needs ~10x more
+DEFAULT_LR = {"tiny": 2e-2, "smollm2": 1e-5}
 
 
-def run_one(system: str, seed: int, steps: int, out: Path, profile: str = "") -> dict:
+def run_one(system: str, seed: int, steps: int, out: Path, profile: str = "", model: str = "tiny", lr: float = 2e-2) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "libra.py"), *RUN_ARGS, "--system", system, "--seed", str(seed),
+    cmd = [sys.executable, str(ROOT / "libra.py"), *RUN_ARGS, "--model", model, "--trainer.lr", str(lr),
+           "--system", system, "--seed", str(seed),
            "--steps", str(steps), "--run.loggers", "", "--out", str(out)]
     if profile:
         cmd += ["--planner.profile", profile]
@@ -72,7 +74,7 @@ def _cell(xs: list[float | None], fmt: str) -> str:
     return text
 
 
-def plot(results: dict, target: float, path: Path) -> None:
+def plot(results: dict, target: float, path: Path, model: str = "tiny") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +89,7 @@ def plot(results: dict, target: float, path: Path) -> None:
     ax.axhline(target, color="gray", ls="--", lw=1)
     ax.set_xlabel("wall seconds (this machine)")
     ax.set_ylabel("mean reward of the step's batch")
-    ax.set_title("tiny policy on the digit task: reward vs wall time, every seed")
+    ax.set_title(f"{model} policy on the digit task: reward vs wall time, every seed")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -101,6 +103,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--out", default="runs/convergence")
+    p.add_argument("--model", default="tiny", help="tiny | smollm2 (about 45 s a step here: use few steps and seeds)")
+    p.add_argument("--lr", type=float, default=None, help="trainer learning rate (default: 2e-2 tiny, 1e-5 smollm2)")
     p.add_argument("--profile", default="", help="a bench.profile JSON for the planner (default: measure one, ~12 s)")
     p.add_argument("--no-profile", action="store_true", help="plan on the built-in CPU table instead of measured costs")
     args = p.parse_args()
@@ -108,16 +112,18 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile = args.profile
+    lr = args.lr if args.lr is not None else DEFAULT_LR.get(args.model, 1e-5)
     if not profile and not args.no_profile:
-        profile = str(out / "tiny-cpu-profile.json")
+        profile = str(out / f"{args.model}-cpu-profile.json")
         print(f"[convergence] measuring this machine's costs for the planner -> {profile} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "bench.profile", "--model", "tiny", "--out", profile], cwd=ROOT, check=True,
-                       capture_output=True, timeout=600)
+        subprocess.run([sys.executable, "-m", "bench.profile", "--model", args.model, "--out", profile], cwd=ROOT, check=True,
+                       capture_output=True, timeout=1800)
     results: dict[str, list[dict]] = {s: [] for s in systems}
     for seed in range(args.seeds):
         for system in systems:
             print(f"[convergence] {system} seed {seed} ...", file=sys.stderr, flush=True)
-            results[system].append(run_one(system, seed, args.steps, out / f"{system}-seed{seed}", profile))
+            results[system].append(run_one(system, seed, args.steps, out / f"{system}-seed{seed}", profile,
+                                           args.model, lr))
     print(f"{'system':<16} {'steps to target':>22} {'seconds to target':>24} {'tokens/s':>14} {'staleness max':>13}")
     steps_of: dict[str, list[int | None]] = {}
     secs_of: dict[str, list[float | None]] = {}
@@ -128,9 +134,9 @@ def main() -> None:
         stale = max(max(row["staleness_max"] for row in r["rows"]) for r in runs)
         print(f"{system:<16} {_cell(steps_of[system], '.1f'):>22} {_cell(secs_of[system], '.1f'):>24} "
               f"{_cell(tps, '.0f'):>14} {stale:>13}")
-    plot(results, args.target, out / "convergence.png")
+    plot(results, args.target, out / "convergence.png", args.model)
     (out / "convergence.json").write_text(json.dumps(
-        {"target": args.target, "steps": args.steps, "seeds": args.seeds, "run_args": RUN_ARGS,
+        {"target": args.target, "steps": args.steps, "seeds": args.seeds, "run_args": [*RUN_ARGS, "--model", args.model, "--trainer.lr", str(lr)],
          "steps_to_target": steps_of, "seconds_to_target": secs_of}, indent=2))
 
     def mean(xs):
