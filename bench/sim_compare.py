@@ -14,7 +14,8 @@ trainer counts libra's planner moved through.
   split, bucket layout and staleness bound its own users would set) and report libra over each
   baseline's best (`l/X*`) beside libra over its default, with the configuration found. This is
   the fair comparison; the defaults (TP1 everywhere) are kept only to show what tuning is worth.
-  `l/best*` is libra over the fastest of all tuned baselines.
+  `l/best*` is libra over the fastest of all tuned baselines; `libra-partial/...` is libra with
+  partial-rollout's finish-order batches (the tail no longer holds a step's batch).
 No convergence ratio is reported: a simulated reward is a model (`sim/reward.py`); measured
 time-to-reward comes from real training, `python -m bench.convergence`.
 Last line: `libra_vs_best_baseline: R` with `--tune`, else `libra_vs_colocate: R` (of the last run).
@@ -48,6 +49,10 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
         out[f"libra/{name}*"] = lib / t.best["tokens_per_s"]
     if tuned:
         out["libra/best*"] = lib / max(t.best["tokens_per_s"] for t in tuned.values())
+    if "libra-partial" in s:  # libra with finish-order batches: what its step barrier costs it
+        out["libra-partial/libra"] = s["libra-partial"]["tokens_per_s"] / lib
+        if tuned:
+            out["libra-partial/best*"] = s["libra-partial"]["tokens_per_s"] / max(t.best["tokens_per_s"] for t in tuned.values())
     if "oracle" in s:
         out["oracle/libra"] = s["oracle"]["tokens_per_s"] / lib
     if best_static is not None:

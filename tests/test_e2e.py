@@ -26,7 +26,7 @@ SMALL = ["--model", "tiny", "--device", "cpu", "--nproc", "4", "--step.prompts-p
          "--step.samples-per-prompt", "2", "--rollout.max-new-tokens-per-turn", "12", "--rollout.max-turns", "2",
          "--rollout.progress-every-tokens", "4", "--num-tasks", "8"]
 REAL_SYSTEMS = [name for name, spec in SYSTEMS.items() if not spec.sim_only]
-PEERS = ("verl-async", "fully-async", "partial-rollout")  # static's parts, or its parts batched by finish order
+PEERS = ("verl-async", "fully-async", "partial-rollout", "libra-partial")  # parts of the others, or batched by finish order
 
 
 def run_libra(tmp_path: Path, *args: str) -> tuple[dict, list[dict]]:

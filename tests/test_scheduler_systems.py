@@ -11,7 +11,8 @@ from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, make_planner, make_router
 
-NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-no-planner", "libra-no-realloc",
+NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-no-planner",
+         "libra-no-realloc",
          "libra-no-cmlfq", "libra-homogeneous"]
 CM = get_cost_model("cpu", "tiny")
 

@@ -52,7 +52,9 @@ def test_tokens_and_trajectories_are_conserved_across_systems(small_compare):
 def test_no_system_beats_the_oracle_and_the_oracle_never_migrates(small_compare):
     systems = small_compare[0]["systems"]
     best = systems["oracle"]["tokens_per_s"]
-    assert all(s["tokens_per_s"] <= best * (1 + 1e-9) for s in systems.values())
+    # the oracle bounds schedules of step batches; finish-order systems train other batches (a long
+    # group leaves its step), so the clairvoyant step schedule is no bound for them
+    assert all(s["tokens_per_s"] <= best * (1 + 1e-9) for n, s in systems.items() if not SYSTEMS.get(n, SYSTEMS["libra"]).batch_by_finish)
     # the clairvoyant router never migrates; only libra's own schedule, when it is the best known, does
     assert systems["oracle"]["migrations"] == 0 or systems["oracle"]["oracle_schedule_from"] == "libra (own router)"
     assert systems["oracle"]["vs_oracle"] == 1.0
