@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
+from scheduler import systems as sysmod
 from sim.baselines import TUNED, tune
 from sim.run import compare, format_table, play_system, static_splits
 
@@ -116,16 +117,18 @@ def print_tuned(cfg, result: dict, tuned: dict) -> dict[str, float]:
     at another staleness bound than the preset's, libra is run at that bound too (`l@s/best`): a
     throughput gain bought with staleness is not a scheduling win. Returns those ratios."""
     lib = result["systems"]["libra"]["tokens_per_s"]
-    matched: dict[int, float] = {}
+    matched: dict[tuple[str, int], float] = {}
     extra = {}
     print(f"{'baseline':<16} {'default tok/s':>13} {'best tok/s':>11} {'l/default':>9} {'l/best':>7} {'l@s/best':>9}  best configuration")
     for name, t in tuned.items():
         eta = _staleness_of(t.best_label)
         same = ""
         if eta is not None and eta != cfg.max_staleness:
-            if eta not in matched:
-                matched[eta] = play_system(cfg.replace(max_staleness=eta), "libra")[0]["tokens_per_s"]
-            extra[f"libra@s/{name}*"] = matched[eta] / t.best["tokens_per_s"]
+            # libra, and libra with finish-order batches where the peer batches that way, at the peer's bound
+            for mine in ("libra", "libra-partial") if sysmod.get_system(name).batch_by_finish else ("libra",):
+                if (mine, eta) not in matched:
+                    matched[mine, eta] = play_system(cfg.replace(max_staleness=eta), mine)[0]["tokens_per_s"]
+                extra[f"{mine}@s/{name}*"] = matched[mine, eta] / t.best["tokens_per_s"]
             same = f"{extra[f'libra@s/{name}*']:.2f}"
         print(f"{name:<16} {t.default['tokens_per_s']:>13.0f} {t.best['tokens_per_s']:>11.0f} "
               f"{lib / t.default['tokens_per_s']:>9.2f} {lib / t.best['tokens_per_s']:>7.2f} {same:>9}  {t.best_label}")
