@@ -23,6 +23,8 @@ model's side of each row):
 | Qwen2.5-7B (7.6B params) single-stream decode, A100-80G, TP1 | ~7.5 ms/token floor = 15.2 GB / 2.04 TB/s [1]; vLLM measures ~9-12 ms | 7.5 ms at bw_util=1.0, 8.8 ms at the default 0.85 |
 | same, TP2 / TP4 speedup per token | 1.5-1.8x / 2.2-3.0x (TP all-reduce bound) [2][3] | 1.7x / 2.5x |
 | Qwen3-14B single-stream decode, A800, TP8 vs TP1 | high-TP instance "2-3x faster" per token (Libra paper) | 3.4x (all-reduce latency x log2 TP) |
+| same on 910B3 (1.6 TB/s, HCCS) | as above | 2.9x |
+| decode tokens/s per device at the KV-memory batch cap, Qwen3-14B, 4k context, A800 | (what decides a throughput TP) | TP1 1,066 (31 seqs fit), TP2 1,616, TP4 1,849, TP8 1,663: KV memory, not bandwidth, makes TP1 the slowest per device |
 | Llama-2-70B decode on H100 vs A100 | ~1.6-1.8x (3.35 vs 2.04 TB/s) [1] | 1.64x (bandwidth ratio) |
 | FSDP / Megatron training MFU | 40-58% at 7-70B on A100/H100 [4][5] | train_mfu = 0.45 default |
 | Ascend 910B3 | ~313 TFLOPS fp16, 1.6 TB/s HBM, 64 GB [6] | table entry |
