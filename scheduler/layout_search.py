@@ -48,10 +48,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from scheduler.api import StepStats
 from scheduler.costmodel import CostModel, MemoizedCost
@@ -111,6 +114,17 @@ class Demand:
     path_from: int = 0  # its context when it arrives here (re-prefilled unless 0)
 
 
+class _Terms(NamedTuple):
+    """A demand's throughput-time constants on one TP (`LayoutSearch._terms`)."""
+
+    ctx: float  # mean context of its decode steps
+    cap: int  # sequences one instance decodes at once (max_batch, or fewer where KV memory runs out)
+    decoded: float  # tokens decoded per step
+    prefilled: float  # tokens prefilled per step (tool outputs)
+    prefill_per_token_s: float
+    reprefill_s: float  # re-prefill of one request migrated in (0.0 in the first active bucket)
+
+
 @dataclass
 class Choice:
     step_s: float
@@ -145,8 +159,12 @@ class LayoutSearch:
         self.allowed_tp, self.max_batch = allowed_tp, max_batch  # max_batch: sequences per instance, any TP
         self.min_tp, self.min_train = min_tp, min_train
         self._tables: dict = {}  # (demand without its path piece, tp) -> T(k), valid for one search
+        self._paths: dict = {}  # (that key, path piece) -> P(k), valid for one search
         self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
         self._sorted: tuple[list[int], list[int], list[tuple[int, int]]] = ([], [], [])
+        self._ppt: dict[int, float] = {}  # TP -> `_prefill_per_token_s`
+        self._pieces_memo: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}  # `_candidate_pieces`
+        self._piece_memo: dict[tuple[int, int, int], float] = {}  # `_piece_s`
 
     # ---- model -------------------------------------------------------------------------------
     def demands(self, wl: Workload, active: tuple[int, ...]) -> list[Demand]:
@@ -174,36 +192,71 @@ class LayoutSearch:
         return max(self._thr_s(d, tp_counts), self.tail_s(d, max(tp_counts), batch, tool_s_per_token))
 
     def _thr_s(self, d: Demand, tp_counts: dict[int, int]) -> float:
-        batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
-        ctx = d.reprefill + d.tokens / d.n / 2  # segments above the first start at their lower limit
+        num_inst = sum(tp_counts.values())
+        batch = max(1, math.ceil(d.n / num_inst))
         rate = 0.0
         for tp, c in tp_counts.items():
-            # Sequences beyond what fits in KV memory (or max_batch) wait: they add time, not throughput.
-            b = min(batch, self.max_batch, self.cm.max_batch(2 * ctx, tp))
-            rate += c * b / self.cm.decode_step_s(b, ctx, tp)
+            rate += self._decode_rate(self._terms(d, tp), tp, c, batch)
+        return self._thr_at(self._terms(d, max(tp_counts)), rate, num_inst, batch)
+
+    def _terms(self, d: Demand, tp: int) -> _Terms:
+        """The parts of `_thr_s` on TP `tp` that do not depend on the instance count (d.n > 0)."""
+        ctx = d.reprefill + d.tokens / d.n / 2  # segments above the first start at their lower limit
         f = d.decode_frac
-        num_inst = sum(tp_counts.values())
-        thr = d.tokens * f / rate + d.tokens * (1 - f) / num_inst * self._prefill_per_token_s(max(tp_counts))
-        if d.reprefill:
-            thr += batch * self.cm.prefill_s(d.reprefill, max(tp_counts))
+        return _Terms(ctx=ctx, cap=min(self.max_batch, self.cm.max_batch(2 * ctx, tp)), decoded=d.tokens * f,
+                      prefilled=d.tokens * (1 - f), prefill_per_token_s=self._prefill_per_token_s(tp),
+                      reprefill_s=self.cm.prefill_s(d.reprefill, tp) if d.reprefill else 0.0)
+
+    def _decode_rate(self, t: _Terms, tp: int, num_inst: int, batch: int) -> float:
+        """Sequences decoded per second by `num_inst` TP-`tp` instances, each given `batch` sequences."""
+        # Sequences beyond what fits in KV memory (or max_batch) wait: they add time, not throughput.
+        b = min(batch, t.cap)
+        return self._rate(num_inst, b, self.cm.decode_step_s(b, t.ctx, tp))
+
+    @staticmethod
+    def _rate(num_inst, b, step_s):
+        """`_decode_rate` of `num_inst` instances decoding `b` sequences each, a step per `step_s`
+        (floats or, element-wise, numpy arrays: `_own_times`)."""
+        return num_inst * b / step_s
+
+    @staticmethod
+    def _thr_at(t: _Terms, rate, num_inst, batch):
+        """Throughput time of a bucket decoding at `rate` on `num_inst` instances (`t`: its highest
+        TP's terms); floats or, element-wise, numpy arrays (`_own_times`)."""
+        thr = t.decoded / rate + t.prefilled / num_inst * t.prefill_per_token_s
+        if t.reprefill_s:  # segments above the first re-prefill their lower limit on arrival
+            thr += batch * t.reprefill_s
         return thr
 
     def tail_s(self, d: Demand, tp: int, batch: int, tool_s_per_token: float) -> float:
         """The bucket's longest segment: it shares its instance with the bucket's others for
         about mean/longest of its life, so a bucket mixing short and long slows its tail."""
-        return self._segment_s(d.longest, d.longest / 2, tp, self._shared_batch(d, batch), d.decode_frac, tool_s_per_token)
+        return self._tail_at(d, self._share(d), tp, batch, tool_s_per_token)
+
+    def _tail_at(self, d: Demand, share: float, tp: int, batch: int, tool_s_per_token: float) -> float:
+        """`tail_s` with the demand's `_share` given."""
+        return self._segment_s(d.longest, d.longest / 2, tp, self._shared_batch(share, batch), d.decode_frac,
+                               tool_s_per_token)
 
     def path_s(self, d: Demand, tp: int, num_instances: int, tool_s_per_token: float) -> float:
         """The critical trajectory's time in this bucket (`critical_pieces`): re-prefill on arrival, then its piece."""
         if not d.path_tokens:
             return 0.0
-        batch = self._shared_batch(d, max(1, math.ceil(d.n / num_instances)))
+        return self._path_on(d, self._share(d), tp, max(1, math.ceil(d.n / num_instances)), tool_s_per_token)
+
+    def _path_on(self, d: Demand, share: float, tp: int, batch: int, tool_s_per_token: float) -> float:
+        """`path_s` (d.path_tokens > 0) with the demand's `_share` and the instances' batch given."""
         arrive = self.cm.prefill_s(d.path_from, tp) if d.path_from else 0.0
         ctx = d.path_from + d.path_tokens / 2
-        return arrive + self._segment_s(d.path_tokens, ctx, tp, batch, d.decode_frac, tool_s_per_token)
+        return arrive + self._segment_s(d.path_tokens, ctx, tp, self._shared_batch(share, batch), d.decode_frac,
+                                        tool_s_per_token)
 
-    def _shared_batch(self, d: Demand, batch: int) -> float:
-        share = min(1.0, d.tokens / d.n / max(1, d.longest)) if d.n > 0 else 0.0
+    @staticmethod
+    def _share(d: Demand) -> float:
+        """Mean over longest segment of the bucket: the share of its tail's life spent in a full batch."""
+        return min(1.0, d.tokens / d.n / max(1, d.longest)) if d.n > 0 else 0.0
+
+    def _shared_batch(self, share: float, batch: int) -> float:
         return 1 + (min(batch, self.max_batch) - 1) * share
 
     def _segment_s(self, tokens: float, ctx: float, tp: int, batch: float, f: float, tool_s_per_token: float) -> float:
@@ -225,29 +278,49 @@ class LayoutSearch:
         lens, _, top = self._sorted_sample(wl)
         if len(active) == 1 or not top:
             return [(0, 0)] * (len(active) - 1) + [(lens[-1], 0)]
-        limits = [self.buckets[a].max_tokens for a in active[:-1]]
-        f, tool = wl.decode_frac, wl.tool_s_per_token
         worst: tuple[float, list[tuple[int, int]]] = (-1.0, [])
-        for total, signal in top:
-            enter, lo, pieces = min(signal, limits[-1], total), 0, []
-            for lim in limits:
-                hi = max(lo, min(lim, enter))
-                pieces.append((hi - lo, lo))
-                lo = hi
-            pieces.append((total - enter, enter))
-            path = sum((self.cm.prefill_s(at, tp) if at and n else 0.0) + self._segment_s(n, at + n / 2, tp, 1, f, tool)
-                       for (n, at), tp in zip(pieces, tps))
+        for pieces in self._candidate_pieces(active):
+            path = sum(self._piece_s(wl, n, at, tp) for (n, at), tp in zip(pieces, tps))
             if path > worst[0]:
                 worst = (path, pieces)
-        return worst[1]
+        return list(worst[1])
+
+    def _candidate_pieces(self, active: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        """`critical_pieces`' (tokens, context on arrival) per active bucket of each candidate, for the
+        workload `_sorted_sample` last saw (they do not depend on the TPs: kept per active set)."""
+        out = self._pieces_memo.get(active)
+        if out is None:
+            limits = [self.buckets[a].max_tokens for a in active[:-1]]
+            out = self._pieces_memo[active] = []
+            for total, signal in self._sorted[2]:
+                enter, lo, pieces = min(signal, limits[-1], total), 0, []
+                for lim in limits:
+                    hi = max(lo, min(lim, enter))
+                    pieces.append((hi - lo, lo))
+                    lo = hi
+                pieces.append((total - enter, enter))
+                out.append(pieces)
+        return out
+
+    def _piece_s(self, wl: Workload, n: int, at: int, tp: int) -> float:
+        """One piece of a critical path alone on a TP-`tp` instance: re-prefill on arrival, then its
+        `n` tokens (kept per piece and TP for the workload `_sorted_sample` last saw)."""
+        key = (n, at, tp)
+        t = self._piece_memo.get(key)
+        if t is None:
+            t = self._piece_memo[key] = ((self.cm.prefill_s(at, tp) if at and n else 0.0)
+                                         + self._segment_s(n, at + n / 2, tp, 1, wl.decode_frac, wl.tool_s_per_token))
+        return t
 
     def _sorted_sample(self, wl: Workload) -> tuple[list[int], list[int], list[tuple[int, int]]]:
         """Sorted lengths, their prefix sums, and (total, signal) of the `CRITICAL_CANDIDATES` longest when signals are known."""
         if self._sorted_for is not wl:  # sort once per workload; each call is then O(buckets log n)
             lens = sorted(wl.trajectory_tokens)
-            pairs = sorted(zip(wl.trajectory_tokens, wl.signal_tokens), reverse=True) if wl.signal_tokens else []
+            # the longest (total, signal) pairs, longest first: sorted(..., reverse=True)[:CRITICAL_CANDIDATES]
+            pairs = heapq.nlargest(CRITICAL_CANDIDATES, zip(wl.trajectory_tokens, wl.signal_tokens)) if wl.signal_tokens else []
             self._sorted_for = wl
-            self._sorted = (lens, [0, *itertools.accumulate(lens)], pairs[:CRITICAL_CANDIDATES])
+            self._sorted = (lens, [0, *itertools.accumulate(lens)], pairs)
+            self._pieces_memo, self._piece_memo = {}, {}
         return self._sorted
 
     def demands_on(self, wl: Workload, active: tuple[int, ...], tps: tuple[int, ...]) -> list[Demand]:
@@ -259,7 +332,10 @@ class LayoutSearch:
         return out
 
     def _prefill_per_token_s(self, tp: int) -> float:
-        return self.cm.prefill_s(1024, tp) / 1024  # tool outputs arrive in chunks of a few hundred to a few thousand
+        s = self._ppt.get(tp)  # one value per TP for the search's lifetime (its cost model is fixed)
+        if s is None:
+            s = self._ppt[tp] = self.cm.prefill_s(1024, tp) / 1024  # tool outputs arrive in chunks of a few hundred to a few thousand
+        return s
 
     def train_s(self, wl: Workload, num_trainer: int, scales: Scales) -> float:
         return self.cm.train_s(int(wl.train_tokens), num_trainer) * scales.train
@@ -292,85 +368,123 @@ class LayoutSearch:
                 for combo in itertools.combinations_with_replacement(tps, r):
                     yield active, combo
 
-    def _table(self, d: Demand, tp: int, wl: Workload) -> tuple[list[float], Callable[[int], float]]:
+    def _table(self, d: Demand, tp: int, wl: Workload) -> tuple[np.ndarray, Callable[[int], float]]:
         """T(k) for k = 1.. instances, cut once within 1% of the single-stream tail (more cannot
         help), and P(k), the critical trajectory's time there (computed only where asked)."""
         tool = wl.tool_s_per_token
-        own = (dataclasses.replace(d, path_tokens=0, path_from=0), tp)  # T(k) is the same whatever crosses the bucket
-        if own not in self._tables:
-            floor = self.tail_s(d, tp, 1, tool)
-            kmax = max(1, min(math.ceil(d.n), self.world_size // tp))
-            times, best = [], math.inf
-            for k in range(1, kmax + 1):
-                best = min(best, self.bucket_s(d, {tp: k}, tool))
-                times.append(best)
-                if best <= floor * 1.01:
-                    break
-            self._tables[own] = times
+        # T(k) is the same whatever crosses the bucket: the key is the demand without its path piece
+        own = (d.n, d.tokens, d.longest, d.reprefill, d.decode_frac, tp)
+        times = self._tables.get(own)
+        if times is None:
+            times = self._tables[own] = self._own_times(d, tp, tool)
+        if not d.path_tokens:
+            return times, _no_path
+        path = self._paths.get((own, d.path_tokens, d.path_from))  # assignments often share the critical piece
+        if path is None:
+            share = self._share(d)
 
-        @functools.cache
-        def path(k: int) -> float:
-            return self.path_s(d, tp, k, tool)
-        return self._tables[own], path
+            @functools.cache
+            def on_batch(batch: int) -> float:  # P(k) depends on k only through the batch
+                return self._path_on(d, share, tp, batch, tool)
+
+            def path(k: int) -> float:
+                return on_batch(max(1, math.ceil(d.n / k)))
+            self._paths[own, d.path_tokens, d.path_from] = path
+        return times, path
+
+    def _own_times(self, d: Demand, tp: int, tool_s_per_token: float) -> np.ndarray:
+        """T(k) = min over j <= k of `bucket_s(d, {tp: j}, tool_s_per_token)` for k = 1.., cut once
+        within 1% of the single-stream tail. Every k at once with numpy: the same float operations
+        as `bucket_s`, element by element, so the same values (a 1,024-device run fills ~2,400 of
+        these tables, up to 1,023 long)."""
+        terms, share = self._terms(d, tp), self._share(d)
+        floor = self._tail_at(d, share, tp, 1, tool_s_per_token)
+        k = np.arange(1, max(1, min(math.ceil(d.n), self.world_size // tp)) + 1)
+        batch = np.maximum(1.0, np.ceil(d.n / k))  # `bucket_s`'s batch per instance, for each k
+        # the step time and the tail depend on k only through the batch: one model call per batch
+        batches, of_k = np.unique(batch, return_inverse=True)
+        steps, tails = [], []
+        for x in batches.tolist():
+            steps.append(self.cm.decode_step_s(min(int(x), terms.cap), terms.ctx, tp))
+            tails.append(self._tail_at(d, share, tp, int(x), tool_s_per_token))
+        rate = self._rate(k, np.minimum(batch, terms.cap), np.array(steps)[of_k])
+        own = np.maximum(self._thr_at(terms, rate, k, batch), np.array(tails)[of_k])
+        times = np.minimum.accumulate(own)
+        cut = np.flatnonzero(times <= floor * 1.01)  # more instances cannot help past the first such k
+        return times[:cut[0] + 1 if cut.size else len(times)]
 
     @staticmethod
-    def _frontier(tables: list[tuple[list[float], Callable[[int], float]]],
+    def _frontier(tables: list[tuple[np.ndarray, Callable[[int], float]]],
                   tps: tuple[int, ...]) -> list[tuple[float, int, list[int]]]:
         """(rollout time, devices, instances per bucket) for each candidate time, ascending in time
         and strictly descending in devices: the fewest instances per bucket whose own time fits,
-        then the critical trajectory's path through them (it can exceed every bucket's own time)."""
-        cands = sorted({v for times, _ in tables for v in times})
+        then the critical trajectory's path through them (it can exceed every bucket's own time).
+        Every candidate at once with numpy (the same float operations, so the same values)."""
         floor = max(times[-1] for times, _ in tables)
-        negs = [[-v for v in times] for times, _ in tables]
-        points = []
-        for t in cands:
-            if t < floor:
-                continue
-            ks = [bisect.bisect_left(neg, -t) + 1 for neg in negs]
-            path = sum(path_of(k) for (_, path_of), k in zip(tables, ks))
-            points.append((max(t, path), sum(tp * k for tp, k in zip(tps, ks)), ks))
-        out: list[tuple[float, int, list[int]]] = []
-        for point in sorted(points, key=lambda p: (p[0], p[1])):
-            if not out or point[1] < out[-1][1]:
-                out.append(point)
-        return out
+        cands = np.unique(np.concatenate([times for times, _ in tables]))
+        cands = cands[cands >= floor]  # no k fits a time below the floor
+        ks, path, devices = [], 0, 0
+        for (times, path_of), tp in zip(tables, tps):
+            k = np.searchsorted(-times, -cands) + 1  # fewest instances whose T(k) <= t (times descend)
+            uniq, of_cand = np.unique(k, return_inverse=True)
+            path = path + np.array([path_of(x) for x in uniq.tolist()])[of_cand]  # summed over buckets in order
+            devices = devices + tp * k
+            ks.append(k)
+        time = np.maximum(cands, path)
+        # sorted by (time, devices), keep a point only if it needs fewer devices than every one before it
+        order = np.lexsort((devices, time))
+        fewest_before = np.minimum.accumulate(np.concatenate(([devices.max() + 1], devices[order][:-1])))
+        keep = order[devices[order] < fewest_before].tolist()
+        kept_ks = zip(*(k[keep].tolist() for k in ks))  # instances per bucket of each kept point
+        return [(t, n, list(k)) for t, n, k in zip(time[keep].tolist(), devices[keep].tolist(), kept_ks)]
 
     def best(self, wl: Workload, scales: Scales, *, current: RoleMap | None,
              rollout_range: tuple[int, int] | None = None) -> Choice:
         """The best layout for `wl` (module docstring, 4-5) with lo <= rollout devices <= hi."""
         lo, hi = rollout_range or (1, self.world_size - 1)
         g = self.world_size
-        self._tables = {}
-        best_r: dict[int, tuple[float, tuple, tuple, list[int]]] = {}
+        self._tables, self._paths = {}, {}
+        # per rollout size r: (time, active, tps, ks) of the fastest assignment (the first of equals)
+        best_r: list[tuple[float, tuple, tuple, list[int]] | None] = [None] * g
         for active, tps in self._assignments():
             demands = self.demands_on(wl, active, tps)
             if any(d.n <= 0 for d in demands):
                 continue
             frontier = self._frontier([self._table(d, tp, wl) for d, tp in zip(demands, tps)], tps)
-            needs = [need for _, need, _ in frontier][::-1]  # ascending devices
-            for r in range(1, g):
-                i = bisect.bisect_right(needs, r)
-                if i == 0:
+            # each r takes the fastest point it can afford: point j (ascending time, descending
+            # devices) serves r in [need_j, need_{j-1}), the first one up to g - 1
+            # (each assignment's time is non-increasing in r, so is their running best: within a
+            # point's range, once it is no faster than the best so far it is no faster for larger r)
+            upto = g
+            for t, need, ks in frontier:
+                if need >= upto:
                     continue
-                t, _, ks = frontier[len(frontier) - i]
-                if r not in best_r or t < best_r[r][0]:
-                    best_r[r] = (t, active, tps, ks)
+                entry = (t, active, tps, ks)
+                for r in range(max(1, need), upto):
+                    cur = best_r[r]
+                    if cur is not None and not t < cur[0]:
+                        break
+                    best_r[r] = entry
+                upto = need
         cur_r = len(current.rollout_ranks) if current else -1
-        choices = []
-        for r, (t, active, tps, ks) in best_r.items():
-            if not lo <= r <= hi or g - r < self.min_train:
+        best: tuple[tuple, Choice] | None = None  # (key, choice): least step time, then the current split, then fewer devices
+        for r, entry in enumerate(best_r):
+            if entry is None or not lo <= r <= hi or g - r < self.min_train:
                 continue
+            t, active, tps, ks = entry
             roll, train, sync = t * scales.rollout, self.train_s(wl, g - r, scales), self.cm.sync_s(r, g - r)
-            choices.append(Choice(pipeline_step_s(roll, train, sync, self.lookahead), roll, train, sync, r, active, tps,
-                                  list(ks)))
-        if not choices:
+            step = pipeline_step_s(roll, train, sync, self.lookahead)
+            key = (step, r != cur_r, r)
+            if best is None or key < best[0]:
+                best = (key, Choice(step, roll, train, sync, r, active, tps, list(ks)))
+        if best is None:
             raise ValueError(
                 f"planner: no layout of {g} devices fits (rollout TP >= {self.min_tp}, trainer >= {self.min_train} "
                 f"devices, {lo}..{hi} rollout devices); add devices or set "
                 "check_memory=False")
-        best = min(choices, key=lambda c: (c.step_s, c.num_rollout != cur_r, c.num_rollout))
+        best = best[1]
         best.ks = self._fill(wl, best)
-        self._tables = {}
+        self._tables, self._paths = {}, {}
         return best
 
     def _fill(self, wl: Workload, c: Choice) -> list[int]:
@@ -414,16 +528,28 @@ class LayoutSearch:
                        instances=tuple(instances), buckets=buckets).validate()
 
 
+def _no_path(k: int) -> float:
+    """P(k) of a bucket the critical trajectory does not cross."""
+    return 0.0
+
+
 def num_moved(old: RoleMap | None, new: RoleMap) -> int:
     """Ranks whose role (trainer, or which instance) differs between two maps."""
     if old is None:
         return new.world_size
 
-    def where(rm: RoleMap, r: int):
-        inst = rm.instance_of(r)
-        return ("trainer",) if inst is None else (inst.bucket, inst.ranks)
+    def roles(rm: RoleMap) -> dict[int, tuple]:
+        """rank -> (bucket, ranks) of its instance (`RoleMap.instance_of`: the first that holds it)."""
+        out: dict[int, tuple] = {}
+        for inst in rm.instances:
+            for r in inst.ranks:
+                out.setdefault(r, (inst.bucket, inst.ranks))
+        return out
 
-    return sum(1 for r in range(new.world_size) if r >= old.world_size or where(old, r) != where(new, r))
+    trainer = ("trainer",)
+    was, now = roles(old), roles(new)
+    return sum(1 for r in range(new.world_size)
+               if r >= old.world_size or was.get(r, trainer) != now.get(r, trainer))
 
 
 @dataclass(frozen=True)
