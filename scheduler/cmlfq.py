@@ -97,8 +97,10 @@ class CMLFQRouter(BaseRouter):
         req.cursor = self.tree.cursor(req.prompt_id)
 
     def _on_tool(self, req: RouterRequest, outcome: OutcomeState) -> Decision:
-        self.tree.advance(req.cursor, outcome)
-        est = self.tree.estimate(req.cursor)
+        tree = self.tree
+        tree.advance(req.cursor, outcome)
+        # in the longest active bucket a request has nowhere to go: no estimate needed
+        est = tree.estimate(req.cursor) if req.bucket != self._active[-1] else None
         if est is not None:
             mean_total, tail_total = req.tokens + est.mean, req.tokens + est.tail
             target = min(self._bucket_for_tokens(mean_total), self._bucket_for_tokens(tail_total))

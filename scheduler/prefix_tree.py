@@ -9,9 +9,11 @@ records:
    At depth d (after d tool returns) the node collects the sample `total - tokens_at[d-1]`
    (at the root: `total - prompt_tokens`), i.e. the tokens that were still to come. A record
    leaving the window takes its samples out again, so the samples always are the window's.
-2. At a rebuild, freeze each changed node into (count, mean, p-quantile) of its samples, and a
+2. At a rebuild, freeze each changed node into (count, mean, p-quantile) of its samples (mean
+   and p-quantile only where a query reads them: at least `min_samples` samples), and a
    fallback table keyed by the last outcome alone (all depths pooled). Queries read only frozen
-   statistics, so between rebuilds they see the tree as of the last one.
+   statistics, so between rebuilds they see the tree as of the last one. A node left without
+   samples is unhooked (count 0 reads as absent) and kept for reuse as a new node.
 3. A query takes the deepest exact match with at least `min_samples` samples, preferring the
    prompt's own tree, then the global tree, then the last-outcome table; none -> no estimate.
 
@@ -75,19 +77,21 @@ class Estimate(NamedTuple):
 class Node:
     """A trie node: its live samples, kept sorted, and the statistics frozen at the last rebuild."""
 
-    __slots__ = ("children", "samples", "total", "count", "mean", "tail")
+    __slots__ = ("children", "samples", "count", "mean", "tail")
 
     def __init__(self) -> None:
         self.children: dict[OutcomeState, Node] = {}
         self.samples: list[int] = []  # sorted; changes as records enter and leave the window
-        self.total = 0  # sum of samples
         self.count, self.mean, self.tail = 0, 0.0, 0.0  # what queries read: as of the last rebuild
 
-    def freeze(self, quantile: float) -> None:
+    def freeze(self, quantile: float, min_samples: int) -> None:
+        """Publish the count, and the mean and tail where a query reads them (count >= min_samples;
+        most nodes, deep in a trie, hold fewer samples and are never read past their count)."""
         s = self.samples
-        self.count = len(s)
-        self.mean = self.total / len(s) if s else 0.0
-        self.tail = float(s[max(0, math.ceil(quantile * len(s)) - 1)]) if s else 0.0
+        n = self.count = len(s)
+        if n >= min_samples:
+            self.mean = sum(s) / n
+            self.tail = float(s[max(0, math.ceil(quantile * n) - 1)])
 
 
 class Cursor:
@@ -113,7 +117,8 @@ class CausalPrefixTree:
         self._prompts: dict[str, Node] = {}
         self._last: dict[OutcomeState, Node] = {}
         self._dirty: set[Node] = set()  # nodes whose samples changed since the last rebuild
-        self._emptied: list[tuple[dict, object, Node]] = []  # (parent's dict, key, node) left without samples
+        self._emptied: list = []  # parent's dict, key, parent's dict, key, ... of the nodes left without samples
+        self._spare: list[Node] = []  # nodes unhooked at a rebuild, for `_node` to hang again
 
     @property
     def num_records(self) -> int:
@@ -131,53 +136,85 @@ class CausalPrefixTree:
 
     def _append(self, record: TrajectoryRecord) -> None:
         self._records.append(record)
-        self._apply(record, +1)
+        self._add(record)
         if len(self._records) > self.cfg.window:
-            self._apply(self._records.popleft(), -1)
+            self._remove(self._records.popleft())
 
     def rebuild(self) -> None:
         """Publish the window's statistics to queries. The samples are kept up to date as records
         enter and leave the window (a sorted list per node), so only changed nodes are refrozen:
         the same statistics as a rebuild from scratch, at a cost that follows the new records."""
-        q = self.cfg.quantile
-        for node in self._dirty:
-            node.freeze(q)
-        self._dirty.clear()
-        for parent, key, node in self._emptied:  # count 0 reads as absent: unhook it so memory follows the window
-            if not node.samples and parent.get(key) is node:
+        emptied = iter(self._emptied)
+        for parent, key in zip(emptied, emptied):  # count 0 reads as absent: unhook it so memory follows the window
+            node = parent.get(key)
+            if node is not None and not node.samples:
                 del parent[key]
+                self._spare.append(node)
         self._emptied.clear()
+        q, k = self.cfg.quantile, self.cfg.min_samples
+        for node in self._dirty:
+            node.freeze(q, k)
+        self._dirty.clear()
         self._since_rebuild = 0
         self.generation += 1
 
-    def _apply(self, rec: TrajectoryRecord, sign: int) -> None:
-        """Add (sign +1) or remove (-1) one record's samples along its paths in both tries and the last-outcome table."""
+    def _add(self, rec: TrajectoryRecord) -> None:
+        """Add one record's samples along its paths in both tries and the last-outcome table."""
         g = self._global
         p = self._prompts.get(rec.prompt_id)
         if p is None:
-            p = self._prompts[rec.prompt_id] = Node()
-        remaining = rec.total_tokens - rec.prompt_tokens
-        # (node, sample, where it hangs): a node a removal empties is unhooked at the next rebuild
-        touched = [(g, remaining, None, None), (p, remaining, self._prompts, rec.prompt_id)]
-        last = self._last
+            p = self._prompts[rec.prompt_id] = self._node()
+        total, last, insort = rec.total_tokens, self._last, bisect.insort
+        remaining = total - rec.prompt_tokens
+        insort(g.samples, remaining)
+        insort(p.samples, remaining)
+        nodes = [g, p]  # every node of its paths
         for outcome, at in zip(rec.outcomes, rec.tokens_at):
-            remaining = max(0, rec.total_tokens - at)
-            up_g, up_p = g.children, p.children
-            g = up_g.get(outcome) or up_g.setdefault(outcome, Node())
-            p = up_p.get(outcome) or up_p.setdefault(outcome, Node())
-            node = last.get(outcome) or last.setdefault(outcome, Node())
-            touched += ((g, remaining, up_g, outcome), (p, remaining, up_p, outcome), (node, remaining, last, outcome))
-        dirty = self._dirty
-        for node, value, parent, key in touched:
-            if sign > 0:
-                bisect.insort(node.samples, value)
-                node.total += value
-            else:
-                del node.samples[bisect.bisect_left(node.samples, value)]
-                node.total -= value
-                if not node.samples and parent is not None:
-                    self._emptied.append((parent, key, node))
+            remaining = max(0, total - at)
+            g = g.children.get(outcome) or g.children.setdefault(outcome, self._node())
+            p = p.children.get(outcome) or p.children.setdefault(outcome, self._node())
+            node = last.get(outcome) or last.setdefault(outcome, self._node())
+            insort(g.samples, remaining)
+            insort(p.samples, remaining)
+            insort(node.samples, remaining)
+            nodes += (g, p, node)
+        self._dirty.update(nodes)
+
+    def _node(self) -> Node:
+        """A new node (called only where one is hung): one unhooked at a rebuild if any. Such a node
+        holds no sample nor child (a child holds a subset of its parent's samples, so it was
+        unhooked too) and nothing reads it (cursors re-walk after a rebuild); a run makes and drops
+        about a million nodes, and each new object costs its allocation and a garbage-collector scan."""
+        if not self._spare:
+            return Node()
+        node = self._spare.pop()
+        assert not node.samples and not node.children
+        node.count, node.mean, node.tail = 0, 0.0, 0.0  # as a new node reads until the next rebuild
+        return node
+
+    def _remove(self, rec: TrajectoryRecord) -> None:
+        """Take out the samples `_add` put in (the record left the window; its nodes hold them, so
+        they are all still hooked). A node left without samples is unhooked at the next rebuild."""
+        emptied, dirty, bisect_left = self._emptied, self._dirty, bisect.bisect_left
+        total, last = rec.total_tokens, self._last
+        remaining = total - rec.prompt_tokens
+        g, p = self._global, self._prompts[rec.prompt_id]
+        for node in (g, p):
+            samples = node.samples
+            del samples[bisect_left(samples, remaining)]
             dirty.add(node)
+        if not p.samples:
+            emptied += (self._prompts, rec.prompt_id)
+        for outcome, at in zip(rec.outcomes, rec.tokens_at):
+            remaining = max(0, total - at)
+            up_g, up_p = g.children, p.children
+            g, p = up_g[outcome], up_p[outcome]
+            for up, node in ((up_g, g), (up_p, p), (last, last[outcome])):  # each node and where it hangs
+                samples = node.samples
+                del samples[bisect_left(samples, remaining)]
+                if not samples:
+                    emptied += (up, outcome)
+                dirty.add(node)
 
     # ---- queries ----------------------------------------------------------------------------
     def cursor(self, prompt_id: str) -> Cursor:
@@ -207,9 +244,12 @@ class CausalPrefixTree:
         if cur.generation != self.generation:
             self._rewalk(cur)
         k = self.cfg.min_samples
-        for node, source in ((cur.prompt_node, "prompt"), (cur.global_node, "global")):
-            if node is not None and node.count >= k:
-                return Estimate(node.mean, node.tail, node.count, source)
+        node = cur.prompt_node
+        if node is not None and node.count >= k:
+            return Estimate(node.mean, node.tail, node.count, "prompt")
+        node = cur.global_node
+        if node is not None and node.count >= k:
+            return Estimate(node.mean, node.tail, node.count, "global")
         if cur.outcomes:
             node = self._last.get(cur.outcomes[-1])
             if node is not None and node.count >= k:

@@ -90,6 +90,7 @@ class BaseRouter:
         self._inst_bucket: dict[int, int] = {}
         self._active: list[int] = []
         self._limit: dict[int, int | None] = {}
+        self._stays: dict[tuple[int, int], Decision] = {}  # (instance, bucket) -> "stay" there, in this layout
         self.num_migrations = 0
         self.num_demotions = 0
 
@@ -104,10 +105,13 @@ class BaseRouter:
             bi = names.index(inst.bucket)
             self._by_bucket.setdefault(bi, []).append(inst.instance_id)
             self._inst_bucket[inst.instance_id] = bi
+        for ids in self._by_bucket.values():
+            ids.sort()  # by id: the first least-loaded one is the lowest id (`_pick`)
+        self._stays = {}
         self._active = sorted(self._by_bucket)
         self._limit = {bi: role_map.buckets[bi].max_tokens for bi in self._active}
         self._limit[self._active[-1]] = None
-        self._load = {inst.instance_id: 0 for inst in role_map.instances}
+        self._load = {iid: 0 for iid in sorted(self._inst_bucket)}  # by id, as `_pick` scans it
         moved: dict[str, Route] = {}
         for req in self._reqs.values():
             self._rehome(req, old_names, names, moved)
@@ -127,8 +131,8 @@ class BaseRouter:
 
     # ---- helpers -------------------------------------------------------------------------
     def _pick(self, bucket: int) -> int:
-        load = self._load
-        return min(self._by_bucket[bucket], key=lambda i: (load[i], i))
+        """The least-loaded instance of `bucket`, ties to the lowest id (min keeps the first of equals)."""
+        return min(self._by_bucket[bucket], key=self._load.__getitem__)
 
     def _bucket_for_tokens(self, tokens: float) -> int:
         for bi in self._active:
@@ -141,7 +145,13 @@ class BaseRouter:
         return Route(req.instance_id, self.role_map.buckets[req.bucket].name)
 
     def _stay(self, req: RouterRequest, reason: str = "") -> Decision:
-        return Decision("stay", req.instance_id, self.role_map.buckets[req.bucket].name, reason)
+        if reason:
+            return Decision("stay", req.instance_id, self.role_map.buckets[req.bucket].name, reason)
+        key = (req.instance_id, req.bucket)  # a Decision is frozen: one per seat serves every request there
+        stay = self._stays.get(key)
+        if stay is None:
+            stay = self._stays[key] = Decision("stay", req.instance_id, self.role_map.buckets[req.bucket].name)
+        return stay
 
     def _migrate(self, req: RouterRequest, bucket: int, reason: str) -> Decision:
         assert bucket > req.bucket, "migrations only go to longer buckets"
@@ -193,7 +203,7 @@ class BaseRouter:
         return self._route(req)
 
     def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Decision:
-        req = self._get(request_id)
+        req = self._reqs.get(request_id) or self._get(request_id)
         self._set_tokens(req, tokens_so_far)
         req.outcomes.append(outcome)
         req.tokens_at.append(tokens_so_far)
@@ -257,8 +267,8 @@ class LeastLoadRouter(BaseRouter):
     name = "least_load"
 
     def _admit_target(self, req: RouterRequest) -> tuple[int, int]:
-        load = self._load
-        iid = min(load, key=lambda i: (load[i], i))
+        load = self._load  # ordered by instance id: the first least-loaded one is the lowest id
+        iid = min(load, key=load.__getitem__)
         return self._inst_bucket[iid], iid
 
 
