@@ -134,9 +134,10 @@ class ClusterSim:
         heapq.heappush(self.events, (t, self.seq, kind, obj, tag))
 
     def _kick(self, inst: SimInstance) -> None:
-        """Re-plan an instance after its batch changed: one live event per instance (epoch)."""
-        inst.advance(self.now)
-        inst.fill()
+        """Re-plan an instance after its batch changed: one live event per instance (epoch).
+        Every caller has advanced it to `now` already."""
+        if inst.queue:
+            inst.fill()
         inst.epoch += 1
         t = inst.next_event_time(self.now)
         if t is not None:
@@ -170,8 +171,9 @@ class ClusterSim:
         self._try_admit()
         if self.cost.shared_cores:
             self._share_cores()
-        while self.events:
-            t, _, kind, obj, tag = heapq.heappop(self.events)
+        events, shared_cores = self.events, self.cost.shared_cores
+        while events:
+            t, _, kind, obj, tag = heapq.heappop(events)
             self.now = t
             if kind == _INST:
                 if tag == obj.epoch and self.instances.get(obj.instance_id) is obj:
@@ -188,7 +190,7 @@ class ClusterSim:
                 self._finish(obj)
             else:
                 self._on_sync_done(obj)
-            if self.cost.shared_cores:
+            if shared_cores:
                 self._share_cores()
         assert self.core.done, f"simulation stalled after {self.core.trained}/{self.cfg.steps} steps"
         return self.rows
@@ -249,13 +251,13 @@ class ClusterSim:
 
     def _on_tool_return(self, req: SimRequest) -> None:
         self.tools_in_flight -= 1
-        spec = req.spec
-        outcome = spec.tool_outcomes[req.turn]
-        out_tokens = spec.tool_output_tokens[req.turn]
+        spec, turn = req.spec, req.turn
+        outcome = spec.tool_outcomes[turn]
+        out_tokens = spec.tool_output_tokens[turn]
         req.context += out_tokens
         req.need_prefill += out_tokens
-        req.turn += 1
-        req.left = spec.turn_tokens[req.turn]
+        req.turn = turn = turn + 1
+        req.left = spec.turn_tokens[turn]
         self._place(req, self.core.on_tool_return(spec.request_id, outcome, req.context, self.now))
 
     def _place(self, req: SimRequest, export: core.Export | None) -> None:

@@ -87,9 +87,11 @@ class SimInstance:
         if self.num_active:
             self.busy_dev_s += dt * self.tp
         dt /= self.slowdown  # seconds of work done in dt of wall time
-        use = min(dt, self.stall_s)
-        self.stall_s -= use
-        dt -= use
+        stall = self.stall_s
+        if stall:  # prefill or a pause comes first
+            use = stall if stall < dt else dt
+            self.stall_s = stall - use
+            dt -= use
         if dt > 0.0 and self.num_active and self.step_s > 0.0:
             self.iter_pos += dt / self.step_s
 
@@ -108,12 +110,13 @@ class SimInstance:
         if limit is not None and 0 < limit - req.context < k:
             # stop at the bucket's token limit so the router can demote it (MLFQ safety net)
             k = limit - req.context
-        req.join_iter = self.iter_pos
-        req.target_iter = self.iter_pos + k
+        pos = self.iter_pos
+        req.join_iter = pos
+        req.target_iter = pos + k
         req.instance_id = self.instance_id
         if not req.instances or req.instances[-1] != self.instance_id:
             req.instances.append(self.instance_id)
-        self.ctx_offset += req.context - self.iter_pos
+        self.ctx_offset += req.context - pos
         self.num_active += 1
         self.active_ids[id(req)] = req
         self.num_joins += 1
@@ -138,23 +141,24 @@ class SimInstance:
     def fill(self) -> None:
         # admit while both the sequence cap and the KV cache (tokens) allow; an empty instance
         # always takes one request so that nothing waits forever
-        while self.queue and self.num_active < self.capacity:
-            if self.num_active and self.kv_tokens() + self.queue[0].context > self.kv_capacity_tokens:
+        queue = self.queue
+        while queue and self.num_active < self.capacity:
+            if self.num_active and self.kv_tokens() + queue[0].context > self.kv_capacity_tokens:
                 break
-            self.join(self.queue.popleft())
+            self.join(queue.popleft())
 
     def pop_due(self) -> list[SimRequest]:
         """Requests whose target iteration has been reached, removed from the batch."""
         due = []
-        eps = 1e-6
-        while self.heap:
-            target, gen, _, req = self.heap[0]
+        heap, reached = self.heap, self.iter_pos + 1e-6
+        while heap:
+            target, gen, _, req = heap[0]
             if gen != req.gen:
-                heapq.heappop(self.heap)
+                heapq.heappop(heap)
                 continue
-            if target > self.iter_pos + eps:
+            if target > reached:
                 break
-            heapq.heappop(self.heap)
+            heapq.heappop(heap)
             due.append(req)
         for req in due:
             self.iter_pos = max(self.iter_pos, req.target_iter)
@@ -173,15 +177,17 @@ class SimInstance:
 
     def next_event_time(self, now: float) -> float | None:
         """When the next request reaches its target, at the current batch; None if idle."""
-        while self.heap and self.heap[0][1] != self.heap[0][3].gen:
-            heapq.heappop(self.heap)
-        if not self.num_active:
+        heap = self.heap
+        while heap and heap[0][1] != heap[0][3].gen:
+            heapq.heappop(heap)
+        n = self.num_active
+        if not n:
             self.step_s = 0.0
             return None
-        k = max(0.0, self.heap[0][0] - self.iter_pos)
-        mean_ctx = (self.ctx_offset + self.num_active * self.iter_pos) / self.num_active + k / 2.0
-        self.step_s = self.cost.decode_step_s(self.num_active, int(mean_ctx), self.tp)
-        return now + (self.stall_s + k * self.step_s) * self.slowdown
+        k = max(0.0, heap[0][0] - self.iter_pos)
+        mean_ctx = (self.ctx_offset + n * self.iter_pos) / n + k / 2.0
+        self.step_s = step_s = self.cost.decode_step_s(n, int(mean_ctx), self.tp)
+        return now + (self.stall_s + k * step_s) * self.slowdown
 
     @property
     def busy(self) -> bool:

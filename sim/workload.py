@@ -206,6 +206,10 @@ class SyntheticWorkload:
         self.num_steps = max(1, num_steps)
         self.num_dataset_prompts = num_dataset_prompts
         self.name = profile.name
+        self._z_prompt: dict[int, float] = {}  # dataset prompt -> its shared difficulty draw
+        # every outcome state, [tool][size][status] (sizes small/medium/large, statuses success/failure/timeout)
+        self._outcomes = [[[OutcomeState(tool, size, status) for status in ("success", "failure", "timeout")]
+                           for size in ("small", "medium", "large")] for tool in profile.tools]
 
     def drift_factor(self, step: int) -> float:
         return 1.0 + self.profile.drift * min(step, self.num_steps) / self.num_steps
@@ -216,8 +220,10 @@ class SyntheticWorkload:
             # prompts come from a finite dataset and recur every epoch, as in real RL runs
             # (length predictors learn per prompt); a prompt's shared difficulty is fixed.
             d = (step * num_prompts + p) % self.num_dataset_prompts
-            # int-only tuples: str hashes are salted per process and would break determinism
-            z_prompt = random.Random(hash((self.seed, d, -1)) & 0xFFFFFFFF).gauss(0.0, 1.0)
+            z_prompt = self._z_prompt.get(d)
+            if z_prompt is None:
+                # int-only tuples: str hashes are salted per process and would break determinism
+                z_prompt = self._z_prompt[d] = random.Random(hash((self.seed, d, -1)) & 0xFFFFFFFF).gauss(0.0, 1.0)
             rng = random.Random(hash((self.seed, step, p)) & 0xFFFFFFFF)
             for s in range(samples_per_prompt):
                 out.append(self._one(rng, step, f"d{d}", f"s{step}-p{p}-{s}", z_prompt))
@@ -225,30 +231,32 @@ class SyntheticWorkload:
 
     def _one(self, rng: random.Random, step: int, prompt_id: str, request_id: str, z_prompt: float) -> TrajSpec:
         pf = self.profile
+        gauss, uniform = rng.gauss, rng.random
         share = pf.prompt_share
-        z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * rng.gauss(0.0, 1.0)
+        z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * gauss(0.0, 1.0)
         difficulty = min(difficulty_of(pf, z), pf.max_difficulty)
         drift = self.drift_factor(step)
         num_turns = int(round(pf.base_turns * difficulty**pf.turn_exponent * drift))
         num_turns = max(1, min(pf.max_turns, num_turns))
         per_turn = pf.base_turn_tokens * difficulty ** (1.0 - pf.turn_exponent) * drift
-        turns = tuple(
-            max(1, min(pf.max_turn_tokens, int(per_turn * math.exp(pf.turn_jitter * rng.gauss(0.0, 1.0)))))
-            for _ in range(num_turns)
-        )
+        jitter, max_turn = pf.turn_jitter, pf.max_turn_tokens
+        turns = [max(1, min(max_turn, int(per_turn * math.exp(jitter * gauss(0.0, 1.0))))) for _ in range(num_turns)]
         outcomes, out_tokens, latencies = [], [], []
         p_fail = min(0.9, pf.fail_base * math.sqrt(difficulty))
+        p_timeout = 0.1 * p_fail
         p_large = min(0.8, 0.1 * difficulty)
+        p_medium = p_large + 0.4  # below it (and above p_large): medium
+        tools, sizes = self._outcomes, pf.output_tokens
+        latency_s, latency_sigma = pf.tool_latency_s, pf.tool_latency_sigma
         for i in range(num_turns - 1):
-            tool = pf.tools[i % len(pf.tools)]
-            u = rng.random()
-            status = "timeout" if u < 0.1 * p_fail else "failure" if u < p_fail else "success"
-            v = rng.random()
-            size = "large" if v < p_large else "medium" if v < p_large + 0.4 else "small"
-            outcomes.append(OutcomeState(tool, size, status))
-            out_tokens.append(pf.output_tokens[("small", "medium", "large").index(size)])
-            latencies.append(pf.tool_latency_s * math.exp(pf.tool_latency_sigma * rng.gauss(0.0, 1.0)))
-        turns, out_tokens = _truncate(pf.prompt_tokens, pf.max_context_tokens, list(turns), out_tokens)
+            u = uniform()
+            status = 2 if u < p_timeout else 1 if u < p_fail else 0  # timeout, failure, success
+            v = uniform()
+            size = 2 if v < p_large else 1 if v < p_medium else 0  # large, medium, small
+            outcomes.append(tools[i % len(tools)][size][status])
+            out_tokens.append(sizes[size])
+            latencies.append(latency_s * math.exp(latency_sigma * gauss(0.0, 1.0)))
+        turns, out_tokens = _truncate(pf.prompt_tokens, pf.max_context_tokens, turns, out_tokens)
         num_tools = len(turns) - 1
         return TrajSpec(
             request_id=request_id,
