@@ -18,6 +18,7 @@ from engine.protocol import EnvCall
 from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
 from envs import swe
 from envs.base import MAX_ARG_DEPTH, Task, ToolCallError, ToolResult, parse_tool_calls
+from scripted_model import Scripted
 
 torch.set_num_threads(1)
 
@@ -25,26 +26,6 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def tiny():
     return build_tiny(0)
-
-
-class Writes(torch.nn.Module):
-    """The tiny model, biased to write `text` right after the prompt (then end of turn)."""
-
-    def __init__(self, model, tok, prompt_len: int, text: str):
-        super().__init__()
-        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
-        self.inner, self.script = model, {prompt_len + i: t for i, t in enumerate(ids)}
-        self.config, self.generation_config = model.config, model.generation_config
-
-    def forward(self, *, input_ids, position_ids, **kw):
-        out = self.inner(input_ids=input_ids, position_ids=position_ids, **kw)
-        pos = position_ids[:, -out.logits.shape[1]:]
-        for b in range(pos.shape[0]):
-            for t in range(pos.shape[1]):
-                tok = self.script.get(int(pos[b, t]) + 1)
-                if tok is not None:
-                    out.logits[b, t, tok] += 50.0
-        return out
 
 
 class Recording:
@@ -71,7 +52,7 @@ class Recording:
 def drive(model, tok, episode, text: str, **cfg) -> Finished:
     task = Task(task_id="t", bench="adv", messages=({"role": "user", "content": "go"},), tools=())
     prompt = render_prompt(tok, task.messages, ())
-    writes = Writes(model, tok, len(prompt), text)
+    writes = Scripted.writing(model, tok, len(prompt), text)
     # the scripted turn fits; any later turn is the tiny model's own noise, kept short
     kw = dict(temperature=0.0, max_new_tokens_per_turn=len(writes.script) + 2, max_turns=2, max_total_tokens=8000, max_batch=2)
     engine = RolloutEngine(writes, tok, RolloutConfig(**{**kw, **cfg}), device="cpu")

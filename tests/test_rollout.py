@@ -10,28 +10,12 @@ import torch
 from engine.models import build_tiny, render_prompt
 from engine.rollout import Finished, Progress, RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
 from envs.base import Task, ToolCallError, ToolInfraError, ToolResult
+from scripted_model import Scripted
 
 torch.set_num_threads(1)
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
 BAD_CALL = "<tool_call>\n{bad json\n</tool_call>"
-
-
-class Scripted(torch.nn.Module):
-    """The tiny model plus a position-keyed logit bias, so greedy decoding writes tool calls on cue."""
-
-    def __init__(self, model, script: dict[int, int], bias: float = 30.0):
-        super().__init__()
-        self.inner, self.script, self.bias = model, script, bias
-        self.config, self.generation_config = model.config, model.generation_config
-
-    def forward(self, *, input_ids, position_ids, **kw):
-        out = self.inner(input_ids=input_ids, position_ids=position_ids, **kw)
-        pos = position_ids[:, -out.logits.shape[1]:]
-        for (b, t), p in zip(torch.cartesian_prod(*map(torch.arange, pos.shape)).tolist(), pos.flatten().tolist()):
-            if p + 1 in self.script:
-                out.logits[b, t, self.script[p + 1]] += self.bias
-        return out
 
 
 class FakeEpisode:

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from scripted_model import Scripted
+
 CALL = '<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call>'
 
 
@@ -16,25 +18,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class _Scripted(torch.nn.Module):
-    """Forces a tool call at fixed positions so the TP run also parks and re-admits rows."""
-
-    def __init__(self, model, script):
-        super().__init__()
-        self.inner, self.script = model, script
-        self.config, self.generation_config = model.config, model.generation_config
-
-    def forward(self, *, input_ids, position_ids, **kw):
-        out = self.inner(input_ids=input_ids, position_ids=position_ids, **kw)
-        pos = position_ids[:, -out.logits.shape[1]:]
-        for b in range(pos.shape[0]):
-            for t in range(pos.shape[1]):
-                tok = self.script.get(int(pos[b, t]) + 1)
-                if tok is not None:
-                    out.logits[b, t, tok] += 30.0
-        return out
 
 
 class _Episode:
@@ -57,7 +40,7 @@ def _generate(model, tok, tp_group):
     from envs.base import Task
 
     cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=24, max_turns=3, max_total_tokens=160, max_batch=3)
-    eng = RolloutEngine(_Scripted(model, {30 + i: t for i, t in enumerate(tok.encode(CALL, add_special_tokens=False))}),
+    eng = RolloutEngine(Scripted(model, {30 + i: t for i, t in enumerate(tok.encode(CALL, add_special_tokens=False))}),
                         tok, cfg, tp_group=tp_group)
     if eng.runner.is_leader:
         for i in range(4):
