@@ -18,7 +18,8 @@ Algorithm of `simulate(cfg, system)`:
 system and compares the predicted step times with the measured `step_s` (mean abs. % error).
 
 Invariants (tests/test_sim_run.py): same config and seed -> identical summaries (except host
-timings); tokens and trajectories are equal across systems; no system beats `oracle`.
+timings); tokens and trajectories are equal across systems; no step-batched system beats
+`oracle` (finish-order systems train other batches, so its step schedule does not bound them).
 """
 
 from __future__ import annotations
