@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,29 @@ def _run_dir(cfg) -> Path:
     return Path("runs") / f"{name}-{kind}{what}-{stamp}"
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (kill, docker/systemctl stop, Slurm preemption, a closed terminal): the same
+    path as Ctrl-C, so every rank is torn down and the run ends with one line and a defined exit code."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     _setup_logging()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
@@ -67,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         log.error("libra: %s", exc)
         return 2 if isinstance(exc, ValueError) else 1
-    except KeyboardInterrupt:
-        log.error("libra: interrupted; every rank was torn down")
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        log.error("libra: stopped by %s; every rank was torn down", signal.Signals(signum).name)
+        return 128 + signum  # the shell's code for death by that signal: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
 
 
 def _device_kind(requested: str) -> str:

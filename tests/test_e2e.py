@@ -153,3 +153,24 @@ def test_killed_rank_ends_the_run_with_the_rank_named(tmp_path, role):
     assert f"rank {victim['rank']} ({role}" in text, text[-2000:]
     time.sleep(1.0)
     assert _survivors(pids) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True)])
+def test_a_stop_signal_takes_the_ctrl_c_path(tmp_path, sig, to_group):
+    """kill, docker/systemctl stop, Slurm preemption, a closed terminal: one line naming the signal,
+    the shell's exit code for it, every rank gone, and none of the peers' native stack traces."""
+    out = tmp_path / "run"
+    proc = _spawn(out, "--steps", "200", "--system", "static")
+    _wait_until(lambda: _metric_rows(out) >= 1, 240, proc)
+    pids = _tree(proc)
+    t0 = time.monotonic()
+    (os.killpg if to_group else os.kill)(proc.pid, sig)
+    rc = proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 10
+    text = proc.stdout.read()
+    assert rc == 128 + sig, text[-2000:]
+    assert f"libra: stopped by {signal.Signals(sig).name}; every rank was torn down" in text
+    assert "Traceback" not in text and "recvValue" not in text, text[-3000:]
+    time.sleep(1.0)
+    assert _survivors(pids) == []
