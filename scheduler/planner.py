@@ -2,7 +2,7 @@
 
 Inputs: the world size G, the cost model, the rollout buckets, and each step's `StepStats`.
 Output: a validated `RoleMap` inside a `PlanDecision`, or None. What the best layout is for a
-workload (the model and the search) lives in `scheduler/layout_search.py`.
+workload lives in `scheduler/layout_model.py` (the model) and `scheduler/layout_search.py` (the search).
 
 Algorithm, per `on_step_end(stats, now)`:
 1. History: the last `history_steps` steps. The `settle_steps` steps after the start or a
@@ -10,7 +10,7 @@ Algorithm, per `on_step_end(stats, now)`:
    rollout/train ratio is more than 2x outside `ratio_band` (overlap cannot explain that).
 2. Calibration: `Scales` (rollout, train) are EMAs of measured/predicted times on the layout that
    ran; rollout is a batch's critical path (admission to last finish), what the model predicts
-   before the pipeline overlaps batches (`layout_search.pipeline_step_s`).
+   before the pipeline overlaps batches (`layout_model.pipeline_step_s`).
 3. Trigger: as soon as `min_history_trajectories` trajectories have finished (the first layout
    was chosen before any length was seen), then every `interval_steps` steps, or at once when
    rollout per step (the critical path, at most the step period) / train leaves `ratio_band`;
@@ -42,7 +42,8 @@ from pathlib import Path
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
 from scheduler.layout import VALID_TP, BucketsConfig, RoleMap
-from scheduler.layout_search import Choice, LayoutSearch, Scales, Switch, Workload, switch_of
+from scheduler.layout_model import Scales, Workload
+from scheduler.layout_search import Choice, LayoutSearch, Switch, switch_of
 
 __all__ = ["GlobalPlanner", "PlannerConfig", "Workload"]
 logger = logging.getLogger(__name__)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from scheduler import systems as sysmod
 from scheduler.layout import BucketsConfig, RoleMap, colocated_role_map, split_role_map
-from scheduler.layout_search import LayoutSearch, Scales, Workload
+from scheduler.layout_model import Scales, Workload
+from scheduler.layout_search import LayoutSearch
 from sim.config import SimConfig
 
 TUNED = ("colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq")

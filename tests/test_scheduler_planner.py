@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from scheduler.api import StepStats
 from scheduler.costmodel import get_cost_model
 from scheduler.layout import BucketsConfig, split_role_map
-from scheduler.layout_search import Scales, Switch, switch_of
+from scheduler.layout_model import Scales
+from scheduler.layout_search import Switch, switch_of
 from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
 
 GPU = get_cost_model("h200", "qwen3-4b")  # training state fits one device, so G=2 is feasible

@@ -6,7 +6,7 @@ import pytest
 
 from bench.presets import get_preset, zero_tail
 from scheduler.layout import split_role_map
-from scheduler.layout_search import Workload
+from scheduler.layout_model import Workload
 from sim.baselines import CONTINUOUS, TUNED, candidates, tune
 from sim.run import buckets_of, cost_model_of, play_system
 
