@@ -13,7 +13,7 @@ Grading (`Grader.grade`), per submit or final repository:
   2. A fresh grading dir (read-only for the sandbox uid; bound read-only in namespace mode)
      gets the project's other files, the model's package (regular files only, bounded;
      envs/hostfs.py), a fresh rendering of the probes (random names, site ids, negations and
-     canaries), the plan and the runner (envs/swe_probe_runner.py).
+     canaries; envs/swe_probe_check.py), the plan and the runner (envs/swe_probe_runner.py).
   3. The runner reports values to a results file; the host decodes them and `verdict` decides,
      test by test, against the reference. No key, signer or expected value is ever in a
      process that imported the package, so its records can lie only about values it would
@@ -49,6 +49,7 @@ from pathlib import Path
 
 from envs import hostfs
 from envs import swe_probe as probe
+from envs import swe_probe_check as check
 from envs.base import ToolInfraError
 
 log = logging.getLogger(__name__)
@@ -182,13 +183,13 @@ def _take(rec, traces: list[dict], failed: dict[str, str], site_of: dict[int, in
 class Run:
     """One sandbox run of a rendering, parsed."""
 
-    rendering: probe.Rendering
+    rendering: check.Rendering
     traces: list[dict]
     failed: dict[str, str]  # module path -> why its import failed
     finished: bool  # the runner wrote its last line
 
 
-def read_run(rendering: probe.Rendering, data: bytes) -> Run | Grade:
+def read_run(rendering: check.Rendering, data: bytes) -> Run | Grade:
     """The run's results parsed, or reward 0 "tampered" for what no runner writes."""
     try:
         traces, failed, finished = parse_results(data, len(rendering.plan), rendering.site_of)
@@ -203,7 +204,7 @@ def check_entries(suite: probe.Suite, run: Run, equality: Run | None = None) -> 
     bad: dict[str, str] = {}
     passed_canaries = []
     for i, (test_id, canary) in enumerate(run.rendering.entries):
-        ok, why = probe.check_test(suite, run.traces[i], reference[test_id], run.rendering.flipped,
+        ok, why = check.check_test(suite, run.traces[i], reference[test_id], run.rendering.flipped,
                                    inverted=run.rendering.inverted.get(i))
         if canary and ok:
             passed_canaries.append(test_id)
@@ -211,7 +212,7 @@ def check_entries(suite: probe.Suite, run: Run, equality: Run | None = None) -> 
             path = test_id.split("::")[0]
             bad[test_id] = f"import failed: {run.failed[path]}" if path in run.failed else why
     for i, (test_id, _) in enumerate(equality.rendering.entries if equality else ()):
-        ok, why = probe.check_equality(suite, equality.traces[i], reference[test_id])
+        ok, why = check.check_equality(suite, equality.traces[i], reference[test_id])
         if not ok and test_id not in bad:
             bad[test_id] = why
     # a canary is a copy of a real test: with the same output the twin passes only if the canary does
@@ -298,7 +299,7 @@ class Grader:
         reference = dict(zip(suite.tests, traces))
         suite.set_reference(reference)
         if ref.fixed:
-            wrong = [(t, why) for t in suite.tests for ok, why in [probe.check_test(suite, reference[t], reference[t], set())] if not ok]
+            wrong = [(t, why) for t in suite.tests for ok, why in [check.check_test(suite, reference[t], reference[t], set())] if not ok]
             if wrong:
                 raise ToolInfraError(f"swe grading: {len(wrong)} hidden tests fail on the fixed reference under probing, "
                                      f"e.g. {wrong[0][0]}: {wrong[0][1]}; they cannot be graded faithfully")
@@ -353,14 +354,14 @@ class Grader:
             return Grade(reward=0.0, reason="no_package", detail=f"{package}/ is missing or not a directory")
         suite = self.suite(ref)
         runs = []
-        for rendering in [probe.render(suite)] + ([probe.render(suite, equality=True)] if suite.eq_tests else []):
+        for rendering in [check.render(suite)] + ([check.render(suite, equality=True)] if suite.eq_tests else []):
             run = self._graded_run(workdir, ref, rendering)
             if isinstance(run, Grade):
                 return run
             runs.append(run)
         return suite, runs[0], runs[1] if len(runs) > 1 else None
 
-    def _graded_run(self, workdir: Path, ref: Reference, rendering: probe.Rendering) -> Grade | Run:
+    def _graded_run(self, workdir: Path, ref: Reference, rendering: check.Rendering) -> Grade | Run:
         package = ref.package
         with self.sandbox.workdir("swe-grade", owned=False) as d:
             try:

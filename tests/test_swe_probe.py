@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from envs import swe, swe_grade as grading, swe_probe as probe
+from envs import swe, swe_grade as grading, swe_probe as probe, swe_probe_check as check
 from envs.base import ToolCall
 from envs.swe_mutate import PROJECTS_DIR
 
@@ -72,7 +72,7 @@ def test_mutants_fail_every_test_pytest_fails(env):
 def test_the_probe_source_holds_no_expected_value(env):
     task = next(t for t in env.tasks() if t.meta["project"] == "calc")
     suite = env.grader.suite(env.start(task)._reference())
-    rendering = probe.render(suite, random.Random(1))
+    rendering = check.render(suite, random.Random(1))
     source = rendering.sources["tests/test_calc.py"]
     original = (PROJECTS_DIR / "calc" / "tests" / "test_calc.py").read_text()
     assert 'evaluate("2 ^ 3 ^ 2") == 512' in original and "512" not in source
@@ -82,8 +82,8 @@ def test_the_probe_source_holds_no_expected_value(env):
     assert len(sites) >= len(suite.sites) and all(len(s.args) == 2 for s in sites)  # no expected side
     names = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")]
     assert not set(names) & {n.split("::")[-1] for n in suite.tests}  # opaque names
-    assert len(names) == len(suite.tests) + probe.NUM_CANARIES  # canaries look like any other test
-    again = probe.render(suite, random.Random(2)).sources["tests/test_calc.py"]
+    assert len(names) == len(suite.tests) + check.NUM_CANARIES  # canaries look like any other test
+    again = check.render(suite, random.Random(2)).sources["tests/test_calc.py"]
     assert again != source  # ids, names, negations and canaries differ per grading
 
 
@@ -125,7 +125,7 @@ def test_the_verdict_is_the_hosts_whatever_the_records_say(env):
     task = next(t for t in env.tasks() if t.meta["project"] == "calc")
     ref = env.start(task)._reference()
     suite = env.grader.suite(ref)
-    rendering = probe.render(suite, random.Random(3))
+    rendering = check.render(suite, random.Random(3))
     honest = _honest_records(suite, rendering)
     assert _fake_run(suite, rendering, honest).reason == "passed"
     # every check answered True, every test ended well: flipped and false-expected checks fail
@@ -163,10 +163,10 @@ def test_the_verdict_is_the_hosts_whatever_the_records_say(env):
 def test_decode_is_total_on_hostile_values():
     for bad in ({"I": 5}, {"L": 3}, {"D": [[1]]}, {"O": "x", "a": [1]}, {"zz": 1}, [1], {"S": [[]]}, {}):
         with pytest.raises(ValueError):
-            probe.decode(bad)
+            check.decode(bad)
     deep = 1
     for _ in range(200):
         deep = {"L": [deep]}
     with pytest.raises(ValueError):
-        probe.decode(deep)
-    assert probe.decode({"T": [1, {"S": [2, 3]}, {"O": "P", "a": {"x": 1}}]}) == (1, frozenset({2, 3}), probe.Obj("P", (("x", 1),)))
+        check.decode(deep)
+    assert check.decode({"T": [1, {"S": [2, 3]}, {"O": "P", "a": {"x": 1}}]}) == (1, frozenset({2, 3}), check.Obj("P", (("x", 1),)))
