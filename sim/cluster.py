@@ -34,6 +34,7 @@ import heapq
 import logging
 
 from scheduler import stepcore as core
+from scheduler.costmodel import MemoizedCost
 from scheduler.layout import RoleMap
 from scheduler.layout_search import switch_of
 from scheduler.profile import shared_core_slowdown
@@ -44,43 +45,23 @@ log = logging.getLogger(__name__)
 _INST, _TOOL, _TRAIN_DONE, _SYNC_DONE, _ADMIT, _SCORED = 0, 1, 2, 3, 4, 5
 
 
-class CachedCost:
-    """The cost model with decode/prefill times memoised; contexts are rounded to `ctx_quantum` tokens.
+class CachedCost(MemoizedCost):
+    """The cost model memoised (`MemoizedCost`) with contexts rounded to `ctx_quantum` tokens.
 
     A cluster-scale run asks for the same (batch, context, TP) step time hundreds of thousands of
     times; rounding the context to 64 tokens changes a step time by well under 1%.
     """
 
     def __init__(self, cost, ctx_quantum: int = 64):
-        self.cost, self.hw, self.model = cost, cost.hw, cost.model
-        self.step_overhead_s = cost.step_overhead_s
+        super().__init__(cost)
         self.shared_cores = getattr(cost, "shared_cores", 0)  # a CostModel has it; hand-written fakes need not
         self.q = ctx_quantum
-        self._decode: dict[tuple[int, int, int], float] = {}
-        self._prefill: dict[tuple[int, int], float] = {}
 
     def decode_step_s(self, batch: int, context_tokens: float, tp: int) -> float:
-        key = (batch, int(context_tokens) // self.q, tp)
-        t = self._decode.get(key)
-        if t is None:
-            t = self._decode[key] = self.cost.decode_step_s(batch, key[1] * self.q + self.q // 2, tp)
-        return t
+        return super().decode_step_s(batch, int(context_tokens) // self.q * self.q + self.q // 2, tp)
 
     def prefill_s(self, num_tokens: int, tp: int) -> float:
-        key = (int(num_tokens) // self.q, tp)
-        t = self._prefill.get(key)
-        if t is None:
-            t = self._prefill[key] = self.cost.prefill_s(max(1, key[0] * self.q + self.q // 2), tp)
-        return t
-
-    def train_s(self, num_tokens: int, num_devices: int) -> float:
-        return self.cost.train_s(num_tokens, num_devices)
-
-    def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
-        return self.cost.sync_s(num_rollout_devices, num_trainer_devices, colocated)
-
-    def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
-        return self.cost.reconfig_s(num_moved_devices, trainer_moved, busy_ranks)
+        return super().prefill_s(max(1, int(num_tokens) // self.q * self.q + self.q // 2), tp)
 
 
 class ClusterSim:
