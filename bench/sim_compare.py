@@ -48,12 +48,13 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
     out: dict[str, float | str] = {f"libra/{n}": lib / s[n]["tokens_per_s"] for n in BASELINES + ABLATIONS if n in s}
     for name, t in (tuned or {}).items():
         out[f"libra/{name}*"] = lib / t.best["tokens_per_s"]
-    if tuned:
-        out["libra/best*"] = lib / max(t.best["tokens_per_s"] for t in tuned.values())
+    best = max((t.best["tokens_per_s"] for t in (tuned or {}).values()), default=None)
+    if best:
+        out["libra/best*"] = lib / best
     if "libra-partial" in s:  # libra with finish-order batches: what its step barrier costs it
         out["libra-partial/libra"] = s["libra-partial"]["tokens_per_s"] / lib
-        if tuned:
-            out["libra-partial/best*"] = s["libra-partial"]["tokens_per_s"] / max(t.best["tokens_per_s"] for t in tuned.values())
+        if best:
+            out["libra-partial/best*"] = s["libra-partial"]["tokens_per_s"] / best
     if "oracle" in s:
         out["oracle/libra"] = s["oracle"]["tokens_per_s"] / lib
     if best_static is not None:

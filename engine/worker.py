@@ -45,6 +45,7 @@ from engine.launch import RankContext
 from engine.precision import precision_for
 from engine.protocol import COORDINATOR, WORKER_OFFSET, to_global, to_worker
 from engine.weights import WeightReceiver, WeightSender, manifest
+from scheduler.systems import get_system
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +207,6 @@ class Worker:
             from engine.tp import parallelize
 
             model = parallelize(model, tp_group, device_type=self.device.type)
-        from scheduler.systems import get_system
-
         self.engine = RolloutEngine(model, tokenizer, self.cfg.rollout, device=self.device, policy_version=self.version,
                                     tp_group=tp_group, instance_id=inst.instance_id,
                                     recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)

@@ -60,7 +60,7 @@ class Tuned:
 
 
 def _tps(cost) -> list[int]:
-    ok = [t for t in (1, 2, 4, 8) if cost.model.tp_divides(t)] or [1]
+    ok = list(cost.valid_tp()) or [1]
     return [t for t in ok if t >= cost.min_rollout_tp()] or [max(ok)]
 
 
