@@ -108,5 +108,19 @@ def _simulate(cfg) -> int:
     return run_from_libra_config(cfg, _run_dir(cfg))
 
 
+def _exit(code: int) -> None:
+    """End the process. A torchrun rank ends the way a child of our own launcher does (multiprocessing
+    ends those with `os._exit`): outputs flushed, interpreter finalization skipped. Finalization races
+    gloo's worker threads, which may still be freeing the last collective's work and its tensors; one
+    that needs the GIL then is killed mid-destructor and the rank aborts after a finished run
+    (pytorch/pytorch#179291), so torchrun reports a failure for a run that succeeded."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # the test engine/run.py uses for torchrun
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
