@@ -87,6 +87,7 @@ class LaunchConfig:
     threads_per_rank: int = 1  # torch intra-op threads per rank (ranks share the cores)
     timeout_s: float = 120.0  # rendezvous, group creation and collective timeout
     rank_timeout_s: float = 600.0  # a rank silent (no heartbeat) this long is declared hung
+    stop_grace_s: float = 20.0  # on Ctrl-C/SIGTERM/SIGHUP: seconds the ranks get to checkpoint the last trained step before they are killed
     trainer_frac: float = 0.5  # share of the workers that train in the first layout (the planner moves it)
 
     def __post_init__(self):
@@ -96,8 +97,9 @@ class LaunchConfig:
             raise ValueError(f"--launch.threads-per-rank {self.threads_per_rank} must be >= 1")
         if not 0 < self.trainer_frac < 1:
             raise ValueError(f"--launch.trainer-frac {self.trainer_frac} must be in (0, 1): both training and rollout need ranks")
-        if self.timeout_s <= 0 or self.rank_timeout_s <= 0:
-            raise ValueError(f"--launch timeouts ({self.timeout_s}, {self.rank_timeout_s}) must be > 0 seconds")
+        if self.timeout_s <= 0 or self.rank_timeout_s <= 0 or self.stop_grace_s < 0:
+            raise ValueError(f"--launch timeouts ({self.timeout_s}, {self.rank_timeout_s}) must be > 0 seconds and "
+                             f"--launch.stop-grace-s {self.stop_grace_s} >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +116,9 @@ class StepConfig:
     prompts_per_step: int = 4  # distinct tasks per training step
     samples_per_prompt: int = 4  # GRPO group size n
     max_staleness: int = 1  # trajectories at most this many policy versions old are trained on
-    checkpoint_every: int = 0  # steps between checkpoints (0 = only at the end)
+    checkpoint_every: int = 0  # steps between checkpoints (0 = not by steps)
+    checkpoint_every_min: float = 10.0  # minutes of run time between checkpoints (0 = not by time); the end always writes one
+    keep_checkpoints: int = 2  # newest complete checkpoints kept in RUN/ckpt (0 = keep all)
     trajectories_logged_per_step: int = 2  # sample of trajectories written to trajectories_sample.jsonl
 
     def __post_init__(self):
@@ -123,8 +127,10 @@ class StepConfig:
                 f"--step.prompts-per-step {self.prompts_per_step} must be >= 1 and --step.samples-per-prompt "
                 f"{self.samples_per_prompt} >= 2 (GRPO compares samples within a group)"
             )
-        if self.max_staleness < 0 or self.checkpoint_every < 0:
-            raise ValueError(f"--step.max-staleness {self.max_staleness} and --step.checkpoint-every {self.checkpoint_every} must be >= 0")
+        if self.max_staleness < 0 or self.checkpoint_every < 0 or self.checkpoint_every_min < 0 or self.keep_checkpoints < 0:
+            raise ValueError(f"--step.max-staleness {self.max_staleness}, --step.checkpoint-every {self.checkpoint_every}, "
+                             f"--step.checkpoint-every-min {self.checkpoint_every_min} and --step.keep-checkpoints "
+                             f"{self.keep_checkpoints} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,8 @@
 
 Layout: `RUN/ckpt/step-000003/{trainer.pt, coordinator.json, COMPLETE}`. A checkpoint is
 written into `RUN/ckpt/.tmp-step-000003/`, the completion marker last, then renamed into
-place, so a run killed mid-write leaves only a temp dir that `latest()` ignores.
+place, so a run killed mid-write leaves only a temp dir that `latest()` ignores. Once the new
+one is in place, all but the newest `keep` complete checkpoints (and torn temp dirs) are removed.
 
 The trainer state (model + optimizer, full unsharded tensors) is what a new trainer group
 loads, so the same file serves a resume with another trainer size and the hand-off when the
@@ -13,7 +14,8 @@ task position.
 
 Invariants (tests/test_checkpoint.py, tests/test_e2e.py): `latest()` returns the newest
 directory with COMPLETE; `save` then `load` gives back the same RunState; a resumed run
-continues at the saved step with the saved role map and trains the same task ids.
+continues at the saved step with the saved role map and trains the same task ids; retention
+never removes the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from scheduler.stepcore import RunState
 MARKER = "COMPLETE"
 
 
-def save(run_dir: Path, state: RunState, save_trainer: Callable[[str, str], None]) -> Path:
-    """Write checkpoint step-N of `state`; `save_trainer(dir, what)` writes dir/trainer.pt (a collective)."""
+def save(run_dir: Path, state: RunState, save_trainer: Callable[[str, str], None], keep: int = 0) -> Path:
+    """Write checkpoint step-N of `state`; `save_trainer(dir, what)` writes dir/trainer.pt (a collective).
+    Then keep only the newest `keep` complete checkpoints (0: all)."""
     root = Path(run_dir) / "ckpt"
     name = f"step-{state.step:06d}"
     tmp = root / f".tmp-{name}"
@@ -42,12 +45,17 @@ def save(run_dir: Path, state: RunState, save_trainer: Callable[[str, str], None
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    for old in (_complete(root)[:-keep] if keep else []) + [p for p in root.glob(".tmp-step-*") if p != tmp]:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _complete(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("step-*") if (p / MARKER).is_file()) if root.is_dir() else []
+
+
 def latest(run_dir: Path) -> Path | None:
-    root = Path(run_dir) / "ckpt"
-    done = sorted(p for p in root.glob("step-*") if (p / MARKER).is_file()) if root.is_dir() else []
+    done = _complete(Path(run_dir) / "ckpt")
     return done[-1] if done else None
 
 

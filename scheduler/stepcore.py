@@ -49,13 +49,15 @@ class CoreConfig:
     max_staleness: int  # a trajectory older than this many policy versions is dropped, not trained
     lookahead: int  # steps admitted ahead of the trainer (0: synchronous, e.g. colocate)
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
     batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
 
     def __post_init__(self) -> None:
-        if self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
+        if (self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0
+                or self.checkpoint_every_s < 0):
             raise ValueError(f"CoreConfig: num_steps={self.num_steps} must be >= 1 and max_staleness="
                              f"{self.max_staleness}, lookahead={self.lookahead}, checkpoint_every="
-                             f"{self.checkpoint_every} >= 0")
+                             f"{self.checkpoint_every}, checkpoint_every_s={self.checkpoint_every_s} >= 0")
 
 
 # ---- what the caller tells the core ---------------------------------------------------------
@@ -128,18 +130,20 @@ class RunState:
     policy_version: int
     role_map: RoleMap
     prefix_tree: str | None = None  # C-MLFQ's tree as JSON (warm start)
-    ledger: dict = field(default_factory=dict)  # Ledger.counts() at the checkpoint
+    ledger: dict = field(default_factory=dict)  # Ledger.counts(before_step=step): the steps it covers
     trained_task_ids: tuple[str, ...] = ()
+    wall_s: float = 0.0  # run time when step `step` ended: a resumed run's clock continues from here
 
     def to_dict(self) -> dict:
         return {"step": self.step, "policy_version": self.policy_version, "role_map": self.role_map.to_dict(),
-                "prefix_tree": self.prefix_tree, "ledger": self.ledger, "trained_task_ids": list(self.trained_task_ids)}
+                "prefix_tree": self.prefix_tree, "ledger": self.ledger, "trained_task_ids": list(self.trained_task_ids),
+                "wall_s": self.wall_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> RunState:
         return cls(step=int(d["step"]), policy_version=int(d["policy_version"]), role_map=RoleMap.from_dict(d["role_map"]),
                    prefix_tree=d.get("prefix_tree"), ledger=dict(d.get("ledger", {})),
-                   trained_task_ids=tuple(d.get("trained_task_ids", ())))
+                   trained_task_ids=tuple(d.get("trained_task_ids", ())), wall_s=float(d.get("wall_s", 0.0)))
 
 
 # ---- bookkeeping ------------------------------------------------------------------------------
@@ -188,6 +192,7 @@ class StepCore:
         self.version = state.policy_version if state else 0
         if state:
             self.ledger.trained_order = list(state.trained_task_ids)
+            self.ledger.prior = state.ledger
         self.admitted = self.trained  # next step to admit
         self.requests: dict[str, Request] = {}
         self.steps: dict[int, Step] = {}
@@ -200,7 +205,8 @@ class StepCore:
         self._trained_s = 0.0
         self._train_metrics: dict = {}
         self._train_tokens: int | None = None
-        self._last_step_end = 0.0
+        self._last_step_end = state.wall_s if state else 0.0  # the caller's clock continues a resumed run's
+        self._checkpoint_s = self._last_step_end
         self._reconfig_s = 0.0  # paid since the last step ended; reported in the next row
         # finish-order batching (fully async): complete groups in the order they completed, the
         # members each group still waits for, and the batch in training as a step of its own
@@ -391,8 +397,11 @@ class StepCore:
         self._last_step_end = now
         self._reconfig_s = 0.0
         plan = self.planner.on_step_end(stats, now) if self.planner is not None and not self.done else None
-        every = self.cfg.checkpoint_every
-        return StepEnd(st.admitted_s, row, stats, plan, checkpoint=bool(every) and self.trained % every == 0 and not self.done)
+        every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
+        due = not self.done and (bool(every) and self.trained % every == 0 or bool(every_s) and now - self._checkpoint_s >= every_s)
+        if due:
+            self._checkpoint_s = now
+        return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due)
 
     def _row(self, st: Step, fins: list[Finished], now: float, sync_s: float) -> MetricsRow:
         rewards = [f.reward for f in fins if f.reward is not None]
@@ -467,8 +476,9 @@ class StepCore:
     def state(self) -> RunState:
         tree = getattr(self.router, "tree", None)
         return RunState(step=self.trained, policy_version=self.version, role_map=self.role_map,
-                        prefix_tree=tree.to_json() if tree is not None else None, ledger=self.ledger.counts(),
-                        trained_task_ids=tuple(self.ledger.trained_order))
+                        prefix_tree=tree.to_json() if tree is not None else None,
+                        ledger=self.ledger.counts(before_step=self.trained),
+                        trained_task_ids=tuple(self.ledger.trained_order), wall_s=self._last_step_end)
 
     def waiting(self) -> dict[str, list[str]]:
         """Unfinished trajectories of admitted steps, by where they are (for stall reports)."""

@@ -48,3 +48,12 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     checkpoint.save(tmp_path, state(2), write_trainer)
     checkpoint.save(tmp_path, RunState(**{**state(2).__dict__, "policy_version": 9}), write_trainer)
     assert checkpoint.load(checkpoint.latest(tmp_path)).policy_version == 9
+
+
+def test_only_the_newest_complete_checkpoints_are_kept(tmp_path):
+    (tmp_path / "ckpt" / ".tmp-step-000001").mkdir(parents=True)  # torn by an earlier kill
+    for step in (2, 4, 6):
+        checkpoint.save(tmp_path, state(step), write_trainer, keep=2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000004", "step-000006"]
+    checkpoint.save(tmp_path, state(8), write_trainer, keep=0)  # 0 keeps them all
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000004", "step-000006", "step-000008"]

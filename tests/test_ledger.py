@@ -38,3 +38,26 @@ def test_check_catches_a_trajectory_left_running():
     led.start("a", 0)
     with pytest.raises(AssertionError, match=r"neither trained nor dropped with a reason: \['a'\]"):
         led.check()
+
+
+def test_a_checkpoint_counts_its_steps_and_a_resumed_ledger_adds_them():
+    led = Ledger()
+    for rid, step in (("a", 0), ("b", 0), ("c", 1), ("d", 1), ("e", 2)):
+        led.start(rid, step)
+    for rid in ("a", "c"):
+        led.finish(rid)
+        led.train(rid, f"task-{rid}")
+    led.drop("b", "stale")
+    led.finish("d")  # of a checkpointed step but not trained (finish-order batching): lost at a stop
+    at_ckpt = led.counts(before_step=2)  # "e" belongs to a step the resumed run runs again
+    assert at_ckpt == {"started": 4, "trained": 2, "dropped": {"stale": 1, "cancelled": 1}}
+
+    resumed = Ledger(prior=at_ckpt)
+    resumed.start("e2", 2)
+    resumed.finish("e2")
+    resumed.train("e2", "task-e")
+    resumed.close()
+    resumed.check()
+    total = resumed.counts()
+    assert total == {"started": 5, "trained": 3, "dropped": {"stale": 1, "cancelled": 1}}
+    assert total["started"] == total["trained"] + sum(total["dropped"].values())

@@ -276,6 +276,36 @@ def test_checkpoints_are_due_every_n_steps_but_not_at_the_end():
     assert due == [True, False] and c.done
 
 
+def test_checkpoints_are_due_by_run_time_too_and_a_resume_continues_the_clock():
+    c = StepCore(CoreConfig(num_steps=5, max_staleness=1, lookahead=0, checkpoint_every_s=10.0), FakeRouter(), None,
+                 layout())
+    c.start(0.0)
+    due, t = [], 0.0
+    for _ in range(4):
+        s = c.next_admissible()
+        admit(c, now=t)
+        for rid in (f"s{s}-0", f"s{s}-1"):
+            finish(c, rid, t + 2.0, version=c.version)
+        c.take_batch(t + 2.0)
+        c.on_trained(train_s=1.0)
+        t += 6.0
+        due.append(c.end_step(t, sync_s=0.0).checkpoint)
+    assert due == [False, True, False, True]  # at 12 s and 24 s of run time
+    state = c.state()
+    assert state.wall_s == 24.0 and state.ledger == {"started": 8, "trained": 8, "dropped": {}}
+    resumed = StepCore(CoreConfig(num_steps=5, max_staleness=1, lookahead=0), FakeRouter(), None, layout(), state=state)
+    resumed.start(30.0)
+    admit(resumed, now=30.0)
+    for rid in ("s4-0", "s4-1"):
+        finish(resumed, rid, 31.0, version=resumed.version)
+    resumed.take_batch(31.0)
+    resumed.on_trained(train_s=1.0)
+    row = resumed.end_step(33.0, sync_s=0.0).row
+    assert (row.step, row.time_s, row.step_s) == (5, 33.0, 9.0)  # the step's time counts from the checkpoint's end
+    resumed.cancel_all(33.0)
+    assert resumed.ledger.counts() == {"started": 10, "trained": 10, "dropped": {}}
+
+
 def test_config_errors_name_the_values():
     with pytest.raises(ValueError, match=r"num_steps=0 must be >= 1 and max_staleness=1, lookahead=-1"):
         CoreConfig(num_steps=0, max_staleness=1, lookahead=-1)
