@@ -41,7 +41,9 @@ def _run_dir(cfg) -> Path:
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP (kill, docker/systemctl stop, Slurm preemption, a closed terminal): the same
-    path as Ctrl-C, so every rank is torn down and the run ends with one line and a defined exit code."""
+    path as Ctrl-C. The launcher forwards it to the coordinator, which checkpoints the last trained step
+    and writes the trace and summary (engine/launch.py), and the run ends with one line and a defined
+    exit code."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -92,7 +94,8 @@ def _main(argv: list[str] | None) -> int:
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        log.error("libra: stopped by %s; every rank was torn down", signal.Signals(signum).name)
+        done = "its last trained step is checkpointed" if getattr(exc, "results", None) else "every rank was torn down"
+        log.error("libra: stopped by %s; %s", signal.Signals(signum).name, done)
         return 128 + signum  # the shell's code for death by that signal: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
 
 

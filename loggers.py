@@ -6,7 +6,9 @@ schema. The other loggers get the same step row with slash-path keys (`timing/st
 verl's and TRL's do. TensorBoard uses tensorboardX (or torch's writer when only `tensorboard` is
 installed) and writes `RUN/tensorboard/`; wandb runs offline unless `WANDB_MODE` says otherwise or
 `WANDB_API_KEY` is set, with its files under `RUN/wandb/` (`wandb sync RUN/wandb/offline-run-*`
-uploads them later). A missing package is a one-line error at start-up naming the pip command,
+uploads them later). A resumed run purges TensorBoard's steps after its checkpoint and logs them
+again; wandb never takes a step twice, so a resumed run is a new wandb run of the same group,
+named `RUN-resumed-N`. A missing package is a one-line error at start-up naming the pip command,
 before the run directory exists. A logger that fails mid-run is reported once and dropped:
 logging never stops training.
 
@@ -67,12 +69,14 @@ def slash_metrics(row: dict) -> dict[str, float]:
 
 
 class _TensorBoard:
-    def __init__(self, out_dir: Path, config: dict):
+    def __init__(self, out_dir: Path, config: dict, resume_step: int | None):
         try:
             from tensorboardX import SummaryWriter
         except ImportError:  # only the `tensorboard` package: torch ships a writer for it
             from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(str(out_dir / "tensorboard"))
+        # a resumed run purges what the stopped one logged after its checkpoint, then logs those steps again
+        purge = {"purge_step": resume_step + 1} if resume_step is not None else {}
+        self.writer = SummaryWriter(str(out_dir / "tensorboard"), **purge)
         self.writer.add_text("config", f"```\n{config}\n```", 0)
 
     def log(self, metrics: dict, step: int) -> None:
@@ -85,13 +89,15 @@ class _TensorBoard:
 
 
 class _Wandb:
-    def __init__(self, out_dir: Path, config: dict):
+    def __init__(self, out_dir: Path, config: dict, resume_step: int | None):
         import wandb
 
         out_dir.mkdir(parents=True, exist_ok=True)
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "libra"), name=out_dir.name, dir=str(out_dir),
-                              config=config, mode=mode, reinit="create_new")
+        # wandb never takes a step again: a resumed run is a new run of the same group, from step resume_step + 1
+        name = out_dir.name if resume_step is None else f"{out_dir.name}-resumed-{resume_step}"
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "libra"), name=name, group=out_dir.name,
+                              dir=str(out_dir), config=config, mode=mode, reinit="create_new")
         log.info("[libra] wandb %s run in %s", mode, self.run.dir)
 
     def log(self, metrics: dict, step: int) -> None:
@@ -104,12 +110,12 @@ class _Wandb:
 class MetricLoggers:
     """The optional loggers of one run (console and jsonl are written by the view and RunWriter)."""
 
-    def __init__(self, names: tuple[str, ...], out_dir: Path, config: dict):
+    def __init__(self, names: tuple[str, ...], out_dir: Path, config: dict, resume_step: int | None = None):
         self.out = Path(out_dir)
         self.backends: dict[str, object] = {}
         for name, cls in (("tensorboard", _TensorBoard), ("wandb", _Wandb)):
             if name in names:
-                self.backends[name] = cls(self.out, config)
+                self.backends[name] = cls(self.out, config, resume_step)
 
     def log(self, row: dict) -> None:
         metrics = slash_metrics(row)

@@ -6,13 +6,15 @@ rows into the summary, `idle_fractions` is the one definition of idle time, and
 `add_ratios`/`format_table`/`plot_compare` read every compare (real or simulated) the same way.
 `RunWriter` appends one metrics row per step and flushes it at once, so a killed run keeps every
 finished step; the summary is written at the end. `trace.json` is Chrome/Perfetto's
-trace-event format: one complete ("X") event per phase.
+trace-event format: one complete ("X") event per phase, rewritten whole (atomically) whenever the
+coordinator flushes it. A resume truncates every output to the checkpoint's step and time.
 
 A logging failure never stops training: writers log the error once and carry on.
 
 Invariants (tests/test_runlog.py): every metrics row holds the DESIGN.md step fields and
 round-trips through JSON; the summary holds the DESIGN.md summary fields; idle fractions lie in
-[0, 1]; trace.json loads as a trace-event list; a failing write is reported once, not raised.
+[0, 1]; trace.json loads as a trace-event list; a failing write is reported once, not raised;
+after `truncate_to_step(N, t)` no output holds a step after N or a trace event ending after t.
 """
 
 from __future__ import annotations
@@ -132,14 +134,21 @@ class RunWriter:
     def sample(self, row: dict) -> None:
         self._append("trajectories_sample.jsonl", row)
 
-    def truncate_to_step(self, step: int) -> list[dict]:
-        """Resume: drop what a killed run wrote after its checkpoint (steps > `step`); return the kept rows."""
+    def truncate_to_step(self, step: int, wall_s: float = float("inf")) -> list[dict]:
+        """Resume: drop what a stopped run wrote after its checkpoint (steps > `step`, trace events ending after
+        `wall_s`, its run time then) and keep the rest, which the resumed run continues; return the kept rows."""
         kept = [m for m in read_metrics(self.dir) if m["step"] <= step] if (self.dir / "metrics.jsonl").exists() else []
         (self.dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kept))
-        trajs = self.dir / "trajectories.jsonl"
-        if trajs.exists():  # its "step" is the 0-based index of the step that trained it
-            rows = [x for x in trajs.read_text().splitlines() if x.strip() and json.loads(x)["step"] < step]
-            trajs.write_text("".join(r + "\n" for r in rows))
+        # trajectories.jsonl's "step" is the 0-based index of the step that trained it; the sample's is 1-based
+        for name, last in (("trajectories.jsonl", step - 1), ("trajectories_sample.jsonl", step)):
+            path = self.dir / name
+            if path.exists():
+                rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= last]
+                path.write_text("".join(r + "\n" for r in rows))
+        trace = self.dir / "trace.json"
+        if trace.exists():
+            events = json.loads(trace.read_text()).get("traceEvents", [])
+            self.trace_events = [e for e in events if e.get("ph") == "X" and (e["ts"] + e["dur"]) / 1e6 <= wall_s + 1e-6]
         return kept
 
     def summary(self, summary: dict) -> None:
@@ -156,7 +165,12 @@ class RunWriter:
         names = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": str(t)}}
                  for t in sorted({e["tid"] for e in self.trace_events}, key=str)]
         data = {"traceEvents": names + self.trace_events, "displayTimeUnit": "ms"}
-        self._guard("trace.json", lambda: (self.dir / "trace.json").write_text(json.dumps(data)))
+
+        def write():
+            tmp = self.dir / ".trace.json.tmp"
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.dir / "trace.json")
+        self._guard("trace.json", write)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

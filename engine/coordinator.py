@@ -22,6 +22,11 @@ Algorithm:
   4. A new role map: the core exports the requests of instances that go away; once drained, a
      changed trainer group saves its state for the new one, every rank rebuilds its groups,
      and the parked requests are re-added.
+  5. A stop (SIGTERM/SIGHUP/SIGINT, forwarded by the launcher: `engine/launch.py`) ends the run at
+     the next step boundary the way its end does: in-flight work cancelled, a checkpoint of the
+     last trained step, the trace and the summary (`stopped_by`). The trace is also rewritten
+     every `TRACE_EVERY_S`, so a killed run keeps one; a resumed run continues the clock, trace,
+     ledger and output files of the checkpoint it starts from.
 
 Invariants (tests/test_coordinator.py, tests/test_e2e.py): every started trajectory is
 trained exactly once or dropped with a reason; the task ids trained follow the deterministic
@@ -34,13 +39,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 
 from engine import checkpoint
 from engine import protocol as msg
 from engine.groups import GroupManager
-from engine.launch import RankContext
+from engine.launch import RankContext, stop_requested
 from engine.protocol import WORKER_OFFSET, to_global
 from engine.rollout_types import Finished, Progress, ToolReturned
 from engine.trajectory import Trajectory
@@ -53,12 +59,15 @@ from scheduler.systems import lookahead_of
 
 log = logging.getLogger(__name__)
 
+TRACE_EVERY_S = 30.0  # trace.json is rewritten at a step end at most this often (and at the end)
+
 
 def core_config(cfg, spec) -> core.CoreConfig:
     """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction."""
     return core.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
                            lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
-                           checkpoint_every=cfg.step.checkpoint_every, batch_by_finish=spec.batch_by_finish)
+                           checkpoint_every=cfg.step.checkpoint_every,
+                           checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish)
 
 
 def finished_of(traj: Trajectory) -> core.Finished:
@@ -81,16 +90,19 @@ class Coordinator:
                                        devices=ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None)
         self.pool = cf.ThreadPoolExecutor(max(8, cfg.rollout.tool_workers), thread_name_prefix="libra-env")
         self.writer = RunWriter(self.out)
-        self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict())
+        self.resumed_from = resume.step if resume else None
+        self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict(), resume_step=self.resumed_from)
         self.view = StepView()
         self.episodes: dict[str, object] = {}
         self.env_start_s: dict[str, float] = {}  # request -> its episode's start time (the trace records it)
         self.exported: dict[str, object] = {}  # migration states waiting for their new instance
         self.replies: list = []
         self.prompt_cache: dict[str, list[int]] = {}
-        self.metrics: list[dict] = self.writer.truncate_to_step(resume.step) if resume else []
+        self.metrics: list[dict] = self.writer.truncate_to_step(resume.step, resume.wall_s) if resume else []
         self.role_changes = 0
         self.t0 = time.monotonic()
+        self.t_offset = resume.wall_s if resume else 0.0  # a resumed run's clock goes on from its checkpoint
+        self._trace_t = 0.0
         self._progress_t = self._stall_t = time.monotonic()
 
     @property
@@ -104,7 +116,7 @@ class Coordinator:
 
     # ---- time & messages ---------------------------------------------------------------------------
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return time.monotonic() - self.t0 + self.t_offset
 
     def leader(self, instance_id: int) -> int:
         return to_global(self.role_map.instance(instance_id).ranks[0])
@@ -175,7 +187,7 @@ class Coordinator:
             self.sync_weights()
         log.info("[libra] %s on %s | %s", self.cfg.run.system, self.bench_name, self.role_map.describe())
         try:
-            while not self.core.done:
+            while not self.core.done and not self._stopping():
                 self.admit()
                 self.pump()
                 self.maybe_train()
@@ -184,6 +196,14 @@ class Coordinator:
             self.view.close()
             self.loggers.close()
         return self.shutdown()
+
+    def _stopping(self) -> bool:
+        """A stop signal reached this process (the launcher forwards its own): end at this step boundary."""
+        signame = stop_requested()
+        if signame:
+            log.warning("[libra] %s: stopping after step %d of %d; writing its checkpoint, the trace and the summary",
+                        signame, self.core.trained, self.cfg.run.steps)
+        return signame is not None
 
     def task_for(self, step: int, j: int):
         """Task j of step s: a seeded shuffle per pass over the tasks, so (seed, s, j) fixes it (resume)."""
@@ -298,6 +318,9 @@ class Coordinator:
             self.reconfigure(end.plan.role_map)
         if end.checkpoint:
             self.save_checkpoint()
+        if self.now() - self._trace_t >= TRACE_EVERY_S:  # a killed run keeps a recent trace
+            self._trace_t = self.now()
+            self.writer.trace()
 
     def sync_weights(self) -> float:
         t0 = self.now()
@@ -340,6 +363,8 @@ class Coordinator:
         self.send_workers(msg.ApplyRoleMap(new, handoff))
         self.groups_mgr.apply(new)
         self.wait_for(msg.Ready, new.world_size, f"every worker to take its role in {new.describe()}")
+        if handoff:  # loaded by the new trainer group; a full model + optimizer copy is not kept around
+            shutil.rmtree(handoff, ignore_errors=True)
         self._send_adds(self.core.finish_reconfigure(self.now()))
         phases["apply_s"] = self.now() - t0 - sum(phases.values())
         self.sync_weights()
@@ -357,7 +382,8 @@ class Coordinator:
         self.wait_for(msg.Saved, 1, what)
 
     def save_checkpoint(self) -> Path:
-        return checkpoint.save(self.out, self.core.state(), self.save_trainer)
+        self.writer.trace()  # the trace up to the checkpoint survives a kill, and a resume continues it
+        return checkpoint.save(self.out, self.core.state(), self.save_trainer, keep=self.cfg.step.keep_checkpoints)
 
     # ---- end of run -------------------------------------------------------------------------------------
     def shutdown(self) -> dict:
@@ -374,4 +400,5 @@ class Coordinator:
         return summarize(self.metrics, bench=self.bench_name, system=self.cfg.run.system, mode="real",
                          wall_s=self.now(), dropped=counts["dropped"], peak_rss_mb=0.0, ledger=counts,
                          role_map_changes=self.role_changes, model=self.cfg.run.model,
-                         trained_task_ids=self.core.ledger.trained_order)
+                         trained_task_ids=self.core.ledger.trained_order, resumed_from_step=self.resumed_from,
+                         stopped_by=stop_requested())

@@ -11,11 +11,22 @@ they rendezvous on, and waits. Each child:
   - runs `target(ctx, *args)` and sends back its result, or its traceback with its role named.
 The launcher returns the results in rank order, or, as soon as one rank raises or dies,
 kills the others (SIGKILL to each child's process group) and raises `WorkerFailed` naming the
-rank and role. Ctrl-C does the same teardown. `run_in_torchrun` is the same child path for
-processes that torchrun started.
+rank and role. `run_in_torchrun` is the same child path for processes that torchrun started.
 
-Invariants (tests/test_launch.py): a worker that raises -> `WorkerFailed` with its rank and role
-within seconds and no child left alive; results come back in rank order.
+Stop signals (Ctrl-C's SIGINT, SIGTERM, SIGHUP) stop a run gracefully, whoever gets them: the
+coordinator (rank 0) takes one as a stop request (`stop_requested()`: it ends the run at the next
+step boundary with a checkpoint, the trace and the summary), workers ignore them (the coordinator
+stops them), and the launcher forwards its own to the coordinator, waits up to `stop_grace_s` for
+every rank to finish, then kills them all (at once on a second signal). The exception it raised
+carries the results (`.results`, None when the ranks did not finish in time). So `kill PID`, a
+signal to the whole process group (a closed terminal, `kill -TERM -PGID`) or to every process
+(systemd, Slurm) all end the same way. The forkserver shares the launcher's process group and its
+children die with it, so it ignores SIGTERM and SIGHUP (`engine/forkserver_signals.py`).
+
+Invariants (tests/test_launch.py, tests/test_e2e.py): a worker that raises -> `WorkerFailed` with
+its rank and role within seconds and no child left alive; results come back in rank order; a
+stop signal to the launcher, its process group or every rank ends the run with the coordinator's
+results and no child left alive.
 """
 
 from __future__ import annotations
@@ -48,7 +59,8 @@ log = logging.getLogger(__name__)
 PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.qwen2.modeling_qwen2",
            "transformers.models.llama.modeling_llama", "engine.control", "engine.groups", "engine.weights",
            "engine.models", "engine.rollout", "engine.trainer", "engine.tp", "engine.worker", "engine.coordinator",
-           "envs.registry"]
+           "envs.registry", "engine.forkserver_signals"]
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class WorkerFailed(RuntimeError):
@@ -82,6 +94,28 @@ class RankContext:
 
 
 _ROLE = ["starting"]  # this process's role, for the failure report
+_STOP: list[str] = []  # the stop signals this rank received (only the coordinator takes them)
+
+
+def stop_requested() -> str | None:
+    """The name of the first stop signal this process took as a stop request, or None."""
+    return _STOP[0] if _STOP else None
+
+
+def _note_stop(signum, _frame) -> None:
+    _STOP.append(signal.Signals(signum).name)
+
+
+def _ignore(_signum, _frame) -> None:
+    """A no-op handler rather than SIG_IGN: an ignored disposition would pass to every tool process exec'd
+    from here, a handler resets to the default there."""
+
+
+def _route_stop_signals(rank: int) -> None:
+    """The coordinator takes a stop signal as a request to stop at the next step boundary; a worker
+    ignores it: the coordinator stops it (or, past the grace time, the launcher kills it)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _note_stop if rank == 0 else _ignore)
 
 
 def _die_with_parent() -> None:
@@ -107,6 +141,7 @@ def _init_dist(store: dist.Store, rank: int, world_size: int, info: DeviceInfo, 
 def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q):
     _die_with_parent()
     os.setpgrp()  # our own process group, so teardown reaches tool subprocesses too
+    _route_stop_signals(rank)
     logging.basicConfig(level=os.environ.get("LIBRA_LOG", "INFO"), format=f"%(asctime)s [rank {rank}] %(message)s",
                         datefmt="%H:%M:%S", force=True)
     status, payload = "ok", None
@@ -136,6 +171,7 @@ def spawn(
     start_method: str = "forkserver",
     timeout_s: float = 120.0,
     preload: list[str] | None = None,
+    stop_grace_s: float = 20.0,
 ) -> list[Any]:
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
@@ -152,19 +188,44 @@ def spawn(
             )
             p.start()
             procs.append(p)
-        return _wait(procs, out_q, Mailbox(store, -1))
+        observer = Mailbox(store, -1)
+        try:
+            return _wait(procs, out_q, observer)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or libra.py's handler for SIGTERM/SIGHUP
+            stop.results = _stop_gracefully(procs, out_q, observer, stop, stop_grace_s)
+            raise
     finally:
         _kill_all(procs)
         out_q.close()
         del store
 
 
-def _wait(procs, out_q, observer: Mailbox) -> list[Any]:
+def _stop_gracefully(procs, out_q, observer: Mailbox, stop: KeyboardInterrupt, grace_s: float) -> list[Any] | None:
+    """Forward the launcher's stop signal to the coordinator and wait up to `grace_s` for every rank's
+    result; None when they do not all finish in time, a rank fails, or a second signal comes."""
+    signum = getattr(stop, "signum", signal.SIGINT)
+    if grace_s <= 0 or not procs or procs[0].exitcode is not None:
+        return None
+    log.warning("libra: %s: stopping at the next step boundary (checkpoint, trace, summary) within %.0f s; "
+                "send it again to stop at once", signal.Signals(signum).name, grace_s)
+    try:
+        os.kill(procs[0].pid, signum)
+        return _wait(procs, out_q, observer, deadline=time.monotonic() + grace_s)
+    except (KeyboardInterrupt, TimeoutError, WorkerFailed, ProcessLookupError) as exc:
+        log.warning("libra: the ranks did not finish the stop (%s); killing them",
+                    "a second signal" if isinstance(exc, KeyboardInterrupt) else exc or type(exc).__name__)
+        return None
+
+
+def _wait(procs, out_q, observer: Mailbox, deadline: float | None = None) -> list[Any]:
     """Results in rank order, or WorkerFailed for the root cause: a rank that died without a
-    report (SIGKILL, OOM) is named before the ranks that only failed because it was gone."""
+    report (SIGKILL, OOM) is named before the ranks that only failed because it was gone.
+    TimeoutError past `deadline` (a monotonic time)."""
     results: dict[int, Any] = {}
     errors: list[tuple[int, str, str]] = []
     while len(results) < len(procs):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(procs) - len(results)} rank(s) still running")
         ready = mp.connection.wait([out_q._reader] + [p.sentinel for p in procs], timeout=1.0)
         while not out_q.empty():
             rank, status, payload = out_q.get()
@@ -219,6 +280,7 @@ def run_in_torchrun(target: Callable[..., Any], args: tuple, *, device_info: Dev
     """
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    _route_stop_signals(rank)  # torchrun's agent forwards a stop signal to every rank
     device = set_rank_device(device_info, rank, local_rank, threads=threads_per_rank)
     store = store_from_env(rank, timeout_s)
     store.set(f"libra/device/{rank}", device_key(device))

@@ -3,7 +3,8 @@
 `plan_placement` resolves the device and the first role map (from `scheduler/systems.py`, with
 TP degrees the model can split); `run` writes config.json, spawns world = workers + 1 ranks
 (rank 0 coordinates), and prints the summary. `--resume DIR` restarts from the newest complete
-checkpoint of DIR with its role map and step.
+checkpoint of DIR with its role map and step. A stop signal that the ranks finish in time still
+writes the summary (with `stopped_by`) and says how to resume.
 
 Invariants (tests/test_e2e.py): summary.json and metrics.jsonl follow DESIGN.md; a failing rank
 ends the run non-zero with its rank and role named.
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import resource
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,14 +184,27 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
                                   timeout_s=cfg.launch.timeout_s)
         if results is None:  # not rank 0: the coordinator writes the summary
             return 0
-    else:
-        try:
-            results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
-                            threads_per_rank=cfg.launch.threads_per_rank, start_method=cfg.launch.start_method,
-                            timeout_s=cfg.launch.timeout_s)
-        except WorkerFailed as exc:
-            log.error("[libra] %s", exc)
-            return 1
+        _write_summary(results, out_dir)
+        stopped = results[0].get("stopped_by")  # torchrun's agent forwarded a stop signal
+        return 128 + signal.Signals[stopped] if stopped else 0
+    try:
+        results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
+                        threads_per_rank=cfg.launch.threads_per_rank, start_method=cfg.launch.start_method,
+                        timeout_s=cfg.launch.timeout_s, stop_grace_s=cfg.launch.stop_grace_s)
+    except WorkerFailed as exc:
+        log.error("[libra] %s", exc)
+        return 1
+    except KeyboardInterrupt as stop:  # the ranks finished the stop in time: the run's outputs are whole
+        if getattr(stop, "results", None):
+            _write_summary(stop.results, out_dir)
+        raise
+    _write_summary(results, out_dir)
+    return 0
+
+
+def _write_summary(results: list, out_dir: Path) -> None:
+    """summary.json from the coordinator's summary and every worker's result; printed, and, for a stopped
+    run, how to resume it."""
     summary = results[0]
     ranks = results[1:]
     summary["peak_rss_mb"] = max([r["peak_rss_mb"] for r in ranks] + [0.0])
@@ -197,7 +212,10 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
     summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
     RunWriter(out_dir).summary(summary)
     print_summary(summary, out_dir)
-    return 0
+    if summary.get("stopped_by"):
+        ckpt = checkpoint.latest(out_dir)
+        log.warning("[libra] stopped by %s after step %d; checkpoint %s; continue with: python libra.py --resume %s",
+                    summary["stopped_by"], summary["steps"], ckpt, out_dir)
 
 
 def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:

@@ -57,10 +57,16 @@ def test_writer_appends_rows_and_resume_truncates_after_the_checkpoint(tmp_path)
     for step in (1, 2, 3):
         w.metrics(row(step).to_dict())
         w.trajectory({"step": step - 1, "request_id": f"r{step}"})
+        w.sample({"step": step, "request_id": f"r{step}"})
+        w.span(f"train step {step}", "trainer", 10.0 * step - 2.0, 2.0)
+    w.trace()
     assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
-    kept = w.truncate_to_step(2)
+    resumed = RunWriter(tmp_path)
+    kept = resumed.truncate_to_step(2, wall_s=20.0)
     assert [m["step"] for m in kept] == [1, 2] == [m["step"] for m in read_metrics(tmp_path)]
-    assert [json.loads(x)["request_id"] for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()] == ["r1", "r2"]
+    for name in ("trajectories.jsonl", "trajectories_sample.jsonl"):
+        assert [json.loads(x)["request_id"] for x in (tmp_path / name).read_text().splitlines()] == ["r1", "r2"]
+    assert [e["name"] for e in resumed.trace_events] == ["train step 1", "train step 2"]  # continued by the resumed run
     with pytest.raises(AssertionError, match="lacks"):
         w.metrics({"step": 4})
 
