@@ -86,7 +86,8 @@ class LaunchConfig:
     start_method: str = "forkserver"  # forkserver (fast, preloads torch) | spawn
     threads_per_rank: int = 1  # torch intra-op threads per rank (ranks share the cores)
     timeout_s: float = 120.0  # rendezvous, group creation and collective timeout
-    rank_timeout_s: float = 600.0  # a rank silent (no heartbeat) this long is declared hung
+    rank_timeout_s: float = 600.0  # a rank silent (no heartbeat) this long is declared hung and the run stops
+    straggler_s: float = 10.0  # a rank silent this long is named in the log (the run waits for it)
     stop_grace_s: float = 20.0  # on Ctrl-C/SIGTERM/SIGHUP: seconds the ranks get to checkpoint the last trained step before they are killed
     trainer_frac: float = 0.5  # share of the workers that train in the first layout (the planner moves it)
 
@@ -97,8 +98,8 @@ class LaunchConfig:
             raise ValueError(f"--launch.threads-per-rank {self.threads_per_rank} must be >= 1")
         if not 0 < self.trainer_frac < 1:
             raise ValueError(f"--launch.trainer-frac {self.trainer_frac} must be in (0, 1): both training and rollout need ranks")
-        if self.timeout_s <= 0 or self.rank_timeout_s <= 0 or self.stop_grace_s < 0:
-            raise ValueError(f"--launch timeouts ({self.timeout_s}, {self.rank_timeout_s}) must be > 0 seconds and "
+        if self.timeout_s <= 0 or self.rank_timeout_s <= 0 or self.straggler_s <= 0 or self.stop_grace_s < 0:
+            raise ValueError(f"--launch timeouts ({self.timeout_s}, {self.rank_timeout_s}, {self.straggler_s}) must be > 0 seconds and "
                              f"--launch.stop-grace-s {self.stop_grace_s} >= 0")
 
 

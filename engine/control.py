@@ -8,11 +8,14 @@ commands, and the coordinator gathers events from many ranks at once. The same s
 under our launcher (the launcher hosts it) and under torchrun (the agent's store), so the same
 code runs on one node or many.
 
-Each rank also publishes a heartbeat (`hb/<rank>` = wall time, rewritten by its main loop) that
-the coordinator checks to detect a hung rank.
+Each worker also publishes a heartbeat (`hb/<rank>` = wall time and role) from a thread of its
+own (`Heartbeat`), so a rank busy in a long training step or a collective still beats, and one
+that does not run at all (SIGSTOP, swapped out, a native hang that holds the GIL) falls silent;
+the coordinator names a silent rank (engine/view.py).
 
 Invariants (tests/test_control.py): messages from one sender to one receiver arrive in order
-and exactly once; `recv` with a timeout raises TimeoutError naming the awaited rank.
+and exactly once; `recv` with a timeout raises TimeoutError naming the awaited rank; a heartbeat
+thread beats while its rank's main thread is blocked and stops when told.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -98,3 +102,28 @@ class Mailbox:
                 return None
             stamp, _, role = self.store.get(key).decode().partition(" ")
         return float(stamp), role
+
+
+class Heartbeat:
+    """Beats `mailbox.beat(role())` every `every_s` from a daemon thread until `stop()`."""
+
+    def __init__(self, mailbox: Mailbox, role: Callable[[], str], every_s: float = 1.0):
+        self.mailbox, self.role, self.every_s = mailbox, role, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="libra-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.mailbox.beat(self.role())
+            except Exception:  # the store is gone: the run is ending, and the main thread will say why
+                return
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)

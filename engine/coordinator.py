@@ -129,12 +129,14 @@ class Coordinator:
     def pump(self) -> None:
         received = self.mailbox.poll()
         for src, message in received:
+            self.view.heard_from(src)
             self._dispatch(src, message)
         if not received:
             time.sleep(0.001)
         self._report_stall()
         self.view.tick(self.now(), self.role_map, self.core.requests, self.core.trained, self.cfg.run.steps)
-        self.view.check_health(self.mailbox, self.ctx.world_size, self.cfg.launch.rank_timeout_s, self.now())
+        self.view.check_health(self.mailbox, self.ctx.world_size, self.cfg.launch.rank_timeout_s, self.now(),
+                               self.cfg.launch.straggler_s)
 
     def _dispatch(self, src: int, message) -> None:
         match message:
@@ -161,7 +163,9 @@ class Coordinator:
             got += [m for m in self.replies if isinstance(m, kind)]
             self.replies = [m for m in self.replies if not isinstance(m, kind)]
             if time.monotonic() > deadline:
-                raise RuntimeError(f"coordinator: waited {self.cfg.launch.rank_timeout_s:.0f} s for {what}; got {len(got)}/{count}")
+                silent = self.view.silent()  # the root cause, when a rank stopped running
+                raise RuntimeError(f"coordinator: waited {self.cfg.launch.rank_timeout_s:.0f} s for {what}; got {len(got)}/{count}"
+                                   + (f"; {silent}" if silent else ""))
         return got
 
     def _report_stall(self, every_s: float = 30.0) -> None:

@@ -3,11 +3,15 @@
 One dense line per step (always logged; CI and pipes get exactly that). On a terminal a live
 `rich` panel under the step lines shows the step, every rollout instance (bucket, TP, ranks,
 trajectories in flight and migrating), the layout, and the last step's reward, tokens/s,
-migrations and staleness. Heartbeats are checked here: a worker silent longer than `rank_timeout_s` is
-reported by rank and last announced role, and the run stops (the launcher tears it down).
+migrations and staleness. Heartbeats are checked here (every worker beats from a thread each
+second, whatever its main thread does): a worker silent for `straggler_s` is named by rank and
+last announced role, and named again when it is back (the run goes on: its peers only waited);
+one silent for `rank_timeout_s` ends the run (the launcher tears it down; the newest checkpoint
+stays as it was).
 
-Invariants (tests/test_e2e.py): the per-step line carries step, reward, tokens/s, migrations
-and the layout; a stale heartbeat raises RuntimeError naming the rank.
+Invariants (tests/test_e2e.py, tests/test_view.py): the per-step line carries step, reward,
+tokens/s, migrations and the layout; a silent rank is named once when it falls silent and once
+when it is back; a heartbeat older than the rank timeout raises RuntimeError naming the rank.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ log = logging.getLogger("libra")
 class StepView:
     def __init__(self):
         self._last_health = time.monotonic()
+        self._silent: dict[int, tuple[float, str]] = {}  # rank named silent -> (wall time of its last beat, role)
         self._console = None
         self._live = None
         self._last_row: dict | None = None
@@ -71,14 +76,35 @@ class StepView:
         else:
             log.info("%s", line)
 
-    def check_health(self, mailbox, world_size: int, rank_timeout_s: float, now: float) -> None:
+    def check_health(self, mailbox, world_size: int, rank_timeout_s: float, now: float, straggler_s: float = 10.0) -> None:
         t = time.monotonic()
-        if t - self._last_health < 2.0:
+        if t - self._last_health < 1.0:
             return
         self._last_health = t
         wall = time.time()
         for rank in range(1, world_size):
             beat = mailbox.last_beat_and_role(rank)
-            if beat is not None and wall - beat[0] > rank_timeout_s:
-                raise RuntimeError(f"rank {rank} ({beat[1]}) sent no heartbeat for {wall - beat[0]:.0f} s "
-                                   f"(limit {rank_timeout_s:.0f} s) at t={now:.0f}s; it is hung")
+            if beat is None:
+                continue
+            silent_s, role = wall - beat[0], beat[1]
+            if silent_s > rank_timeout_s:
+                raise RuntimeError(f"rank {rank} ({role}) sent no heartbeat for {silent_s:.0f} s "
+                                   f"(limit --launch.rank-timeout-s {rank_timeout_s:.0f}) at t={now:.0f}s; it is hung")
+            if silent_s > straggler_s and rank not in self._silent:
+                self._silent[rank] = beat
+                log.warning("[libra] rank %d (%s) sent no heartbeat for %.0f s: it is not running (stopped, swapping, "
+                            "a native hang?) and its peers wait for it; the run goes on when it is back and stops "
+                            "after --launch.rank-timeout-s %.0f s", rank, role, silent_s, rank_timeout_s)
+            elif rank in self._silent and beat[0] > self._silent[rank][0]:
+                self.heard_from(rank)
+
+    def silent(self) -> str:
+        """The ranks named silent and not back, for an error that gives up waiting on them."""
+        return "; ".join(f"rank {r} ({role}) sent no heartbeat for {time.time() - last:.0f} s: it is hung"
+                         for r, (last, role) in sorted(self._silent.items()))
+
+    def heard_from(self, rank: int) -> None:
+        """A rank named silent beat or sent a message again: say so (once)."""
+        if rank in self._silent:
+            last, role = self._silent.pop(rank)
+            log.warning("[libra] rank %d (%s) is back after %.0f s without a heartbeat", rank, role, time.time() - last)

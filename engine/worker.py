@@ -5,7 +5,7 @@ Loop of a worker (global rank >= 1):
      leader), `EnvResult` (a tool or score reply for one of its trajectories), and the collective
      ones that every concerned rank receives: `Train`, `Sync`, `Save`, `ApplyRoleMap`, `Stop`;
   2. if it leads a rollout instance: one `RolloutEngine.step()`, events sent to the coordinator;
-  3. heartbeat (wall time + role) on the store.
+  3. meanwhile a thread beats (wall time + role) on the store (`engine.control.Heartbeat`).
 Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
 step (the followers replay its KV ops) or "mailbox" before a collective command, so every rank
 of the instance enters the same collective at the same time.
@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from engine import protocol as msg
+from engine.control import Heartbeat
 from engine.groups import GroupManager, Groups
 from engine.launch import RankContext
 from engine.precision import precision_for
@@ -143,7 +144,6 @@ class Worker:
         self.receiver: WeightReceiver | None = None
         self.specs = None
         self.version = 0
-        self._last_beat = 0.0
         self.stats = {"engine_steps": 0, "busy_s": 0.0}
         self.rank_file: Path | None = None
 
@@ -237,29 +237,26 @@ class Worker:
 
     # ---- main loop --------------------------------------------------------------------------------
     def run(self, role_map, handoff: str | None) -> dict:
-        self.apply_role_map(role_map, handoff)
-        self.mailbox.send(COORDINATOR, msg.Ready(self.idx, self.role()))
-        while True:
-            if self.tp_follower:
-                tick = self._tick(None)
-                if tick == "step":
-                    self.engine.step()
+        heartbeat = Heartbeat(self.mailbox, lambda: self.ctx.role).start()
+        try:
+            self.apply_role_map(role_map, handoff)
+            self.mailbox.send(COORDINATOR, msg.Ready(self.idx, self.role()))
+            while True:
+                if self.tp_follower:
+                    tick = self._tick(None)
+                    if tick == "step":
+                        self.engine.step()
+                        continue
+                    _, command = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
+                    if self._collective(command):
+                        break
                     continue
-                _, command = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
-                if self._collective(command):
+                if self._serve_messages():
                     break
-                continue
-            if self._serve_messages():
-                break
-            self._rollout_step()
-            self._beat()
+                self._rollout_step()
+        finally:
+            heartbeat.stop()
         return {"rank": self.ctx.rank, "peak_rss_mb": peak_rss_mb(), **self.stats}
-
-    def _beat(self) -> None:
-        now = time.monotonic()
-        if now - self._last_beat > 0.5:
-            self._last_beat = now
-            self.mailbox.beat(self.role())
 
     def _rollout_step(self) -> None:
         if self.engine is None or not self.tp_leader:

@@ -2,11 +2,12 @@
 exactly once; timeouts name what was awaited; heartbeats carry the role; ranks convert both ways."""
 
 import dataclasses
+import time
 
 import pytest
 
 from engine import protocol as msg
-from engine.control import Mailbox, host_store
+from engine.control import Heartbeat, Mailbox, host_store
 from engine.rollout_types import Finished, MigrationState, Progress, ToolReturned
 from engine.trajectory import Trajectory
 from envs.base import Task, ToolCall, ToolInfraError
@@ -92,3 +93,19 @@ def test_worker_and_global_ranks_convert_both_ways():
     assert [msg.to_worker(msg.to_global(w)) for w in range(3)] == [0, 1, 2]
     with pytest.raises(AssertionError, match="is the coordinator"):
         msg.to_worker(msg.COORDINATOR)
+
+
+def test_a_heartbeat_thread_beats_while_the_main_thread_is_busy_and_stops_when_told(boxes):
+    coordinator, worker, _ = boxes
+    role = ["trainer:0"]
+    beat = Heartbeat(worker, lambda: role[0], every_s=0.05).start()
+    first = coordinator.last_beat_and_role(1)
+    time.sleep(0.3)  # the main thread "trains"
+    role[0] = "rollout:0"
+    time.sleep(0.2)
+    later = coordinator.last_beat_and_role(1)
+    assert later[0] > first[0] and later[1] == "rollout:0"
+    beat.stop()
+    stopped = coordinator.last_beat_and_role(1)
+    time.sleep(0.2)
+    assert coordinator.last_beat_and_role(1) == stopped

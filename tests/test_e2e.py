@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import libra
+from engine import checkpoint
 from test_loggers import read_scalars
 from runlog import METRIC_FIELDS, SUMMARY_FIELDS, read_metrics
 from scheduler.systems import SYSTEMS
@@ -168,6 +169,47 @@ def test_killed_rank_ends_the_run_with_the_rank_named(tmp_path, role):
     text = proc.stdout.read()
     assert rc != 0
     assert f"rank {victim['rank']} ({role}" in text, text[-2000:]
+    time.sleep(1.0)
+    assert _survivors(pids) == []
+
+
+def _rank_of(out: Path, role: str) -> dict:
+    return next(json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank*.json")) if json.loads(p.read_text())[role])
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_and_the_run_goes_on_when_it_is_back(tmp_path):
+    out = tmp_path / "run"
+    proc = _spawn(out, "--steps", "10", "--system", "static", "--launch.straggler-s", "2")
+    _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
+    victim = _rank_of(out, "rollout")
+    os.kill(victim["pid"], signal.SIGSTOP)
+    time.sleep(8.0)
+    os.kill(victim["pid"], signal.SIGCONT)
+    assert proc.wait(timeout=240) == 0
+    text = proc.stdout.read()
+    assert f"rank {victim['rank']} ({victim['role']}) sent no heartbeat for" in text, text[-3000:]
+    assert f"rank {victim['rank']} ({victim['role']}) is back after" in text, text[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 10
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_past_the_rank_timeout_ends_the_run_with_the_checkpoint_intact(tmp_path):
+    out = tmp_path / "run"
+    proc = _spawn(out, "--steps", "200", "--system", "static", "--step.checkpoint-every", "1",
+                  "--launch.straggler-s", "2", "--launch.rank-timeout-s", "6")
+    _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
+    victim = _rank_of(out, "trainer")
+    pids = _tree(proc)
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGSTOP)
+    rc = proc.wait(timeout=60)
+    assert time.monotonic() - t0 < 20
+    text = proc.stdout.read()
+    assert rc == 1 and f"rank {victim['rank']} ({victim['role']}) sent no heartbeat for" in text, text[-3000:]
+    assert "it is hung" in text
+    ckpt = checkpoint.latest(out)
+    assert ckpt is not None and (ckpt / "trainer.pt").is_file() and checkpoint.load(ckpt).step >= 2
     time.sleep(1.0)
     assert _survivors(pids) == []
 
