@@ -89,7 +89,7 @@ def _main(argv: list[str] | None) -> int:
             print(placement_table(role_map, info, cfg))
             return 0
         return run(cfg, info, role_map, _run_dir(cfg))
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:  # OSError: a missing file, a full disk, permissions
         log.error("libra: %s", exc)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt as exc:

@@ -100,6 +100,7 @@ class Coordinator:
         self.prompt_cache: dict[str, list[int]] = {}
         self.metrics: list[dict] = self.writer.truncate_to_step(resume.step, resume.wall_s) if resume else []
         self.role_changes = 0
+        self.mailbox.beat("coordinator")  # the role a failure report names for rank 0
         self.t0 = time.monotonic()
         self.t_offset = resume.wall_s if resume else 0.0  # a resumed run's clock goes on from its checkpoint
         self._trace_t = 0.0
@@ -383,11 +384,21 @@ class Coordinator:
 
     def save_trainer(self, path: str, what: str) -> None:
         self.send_workers(msg.Save(path), self.role_map.trainer_ranks)
-        self.wait_for(msg.Saved, 1, what)
+        saved, = self.wait_for(msg.Saved, 1, what)
+        if saved.error:
+            free = shutil.disk_usage(self.out).free / 2**20 if self.out.exists() else float("nan")
+            raise OSError(f"{what} failed to write {path} ({free:.0f} MiB free there): {saved.error}")
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        """A checkpoint of the last trained step; one that cannot be written (a full disk) is reported and
+        training goes on: the newest complete checkpoint stays what `--resume` uses."""
         self.writer.trace()  # the trace up to the checkpoint survives a kill, and a resume continues it
-        return checkpoint.save(self.out, self.core.state(), self.save_trainer, keep=self.cfg.step.keep_checkpoints)
+        try:
+            return checkpoint.save(self.out, self.core.state(), self.save_trainer, keep=self.cfg.step.keep_checkpoints)
+        except OSError as exc:
+            log.error("[libra] could not write the checkpoint of step %d (%s); --resume would use %s; training goes on",
+                      self.core.trained, exc, checkpoint.latest(self.out) or "no checkpoint (none is complete)")
+            return None
 
     # ---- end of run -------------------------------------------------------------------------------------
     def shutdown(self) -> dict:

@@ -165,6 +165,7 @@ class Synced:
 @dataclass(frozen=True)
 class Saved:
     path: str
+    error: str = ""  # the write failed (disk full, permissions): why
 
 
 TO_WORKER = (Add, Export, Cancel, EnvResult, Train, Sync, Save, ApplyRoleMap, Stop)

@@ -376,9 +376,15 @@ class Worker:
         from engine.trainer import save_handoff
 
         writer = self.idx == self.trainer_ranks[0]
-        save_handoff(self.trainer, path, write=writer)  # collective over the trainer group
+        error = ""
+        try:
+            save_handoff(self.trainer, path, write=writer)  # collective over the trainer group; only the writer writes
+        except (OSError, RuntimeError) as exc:  # torch.save on a full disk raises RuntimeError ("unexpected pos")
+            if not writer:
+                raise
+            error = f"{type(exc).__name__}: {exc}"
         if writer:
-            self.mailbox.send(COORDINATOR, msg.Saved(path))
+            self.mailbox.send(COORDINATOR, msg.Saved(path, error))
 
 
 def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None, out_dir: str | None = None) -> dict:

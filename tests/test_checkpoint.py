@@ -42,6 +42,15 @@ def test_a_trainer_that_fails_to_save_leaves_no_checkpoint(tmp_path):
     with pytest.raises(RuntimeError, match="checkpoint step-000005"):
         checkpoint.save(tmp_path, state(5), broken)
     assert checkpoint.latest(tmp_path) is None
+    assert list((tmp_path / "ckpt").iterdir()) == []  # on a full disk, the failed write frees what it took
+
+
+def test_a_checkpoint_whose_file_lost_its_tail_is_skipped(tmp_path, caplog):
+    checkpoint.save(tmp_path, state(2), write_trainer)
+    newest = checkpoint.save(tmp_path, state(4), write_trainer)
+    (newest / "trainer.pt").write_bytes(b"wei")
+    assert checkpoint.latest(tmp_path).name == "step-000002"
+    assert "step-000004 is torn (trainer.pt is 3 of 7 bytes)" in caplog.text
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path):
