@@ -9,9 +9,15 @@
     ranks loading at once never see a half-written dir. `LIBRA_CACHE_DIR` overrides ~/.cache/libra.
   - a local HF causal-LM directory. A hub name without local files is a `ValueError` (no hub).
 
-Invariants (tests/test_models.py): `build_tiny(seed)` is deterministic (same weights, same
-tokenizer ids); the special strings encode to one token each; an unknown spec, a config.json that
-is not JSON and an unknown or non-causal model_type are one-line ValueErrors naming the fix.
+`check_model(spec)` is the launcher's start-up check of a local directory (engine/preflight.py):
+config, weight files (every shard of an index, safetensors headers readable) and a tokenizer with
+a vocabulary that fits the model, so that no rank fails later with a loader's traceback.
+
+Invariants (tests/test_models.py, tests/test_startup_errors.py): `build_tiny(seed)` is deterministic
+(same weights, same tokenizer ids); the special strings encode to one token each; an unknown spec,
+a missing path, a dir without config.json, a config.json that is not JSON or that transformers
+rejects, an unknown or non-causal model_type, missing or corrupt weights and a missing tokenizer
+are one-line ValueErrors naming the fix.
 """
 
 from __future__ import annotations
@@ -188,6 +194,15 @@ def _resolve_dir(spec: str) -> Path:
 def _local_dir(spec: str) -> Path:
     """`spec` as a local causal-LM directory, checked before any rank starts (one-line errors with the fix)."""
     path = Path(spec).expanduser()
+    if spec.startswith(("/", ".", "~")) and not path.exists():
+        raise ValueError(f"--model {spec!r} does not exist; pass the local path of a Hugging Face checkpoint directory "
+                         "(config.json, weights, tokenizer), or 'tiny' or 'smollm2'")
+    if path.is_file():
+        raise ValueError(f"--model {spec!r} is a file; pass the directory that holds it, config.json and the tokenizer")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(f"--model {spec!r} is a directory but not a Hugging Face checkpoint (no config.json in it); "
+                         "pass its local path: the directory that holds config.json, the weights and the tokenizer "
+                         "(model.save_pretrained and tokenizer.save_pretrained write one)")
     if not (path.is_dir() and (path / "config.json").is_file()):
         raise ValueError(
             f"--model {spec!r} is not 'tiny', 'smollm2' or a local HF checkpoint directory with a config.json; "
@@ -219,7 +234,81 @@ def load_config(spec: str):
         return _tiny_config(tiny_tokenizer())
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(_resolve_dir(spec))
+    path = _resolve_dir(spec)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as exc:  # transformers raises TypeError, ValueError, KeyError or its own errors here
+        raise ValueError(f"--model {spec!r}: transformers cannot read {path / 'config.json'} ({_first_line(exc)}); "
+                         "fix the field it names or save the checkpoint again with save_pretrained") from None
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_model(spec: str) -> None:
+    """Everything a rank will load from `spec`, checked in the launcher before any rank starts: the
+    config, weight files that exist and whose safetensors headers read (no tensor is loaded), and a
+    tokenizer with a vocabulary that fits the model. ValueError (one line, with the fix) otherwise."""
+    if spec == "tiny":
+        return
+    config = load_config(spec)
+    path = _resolve_dir(spec)
+    for name in _weight_files(spec, path):
+        if name.endswith(".safetensors"):
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(str(path / name), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as exc:
+                raise ValueError(f"--model {spec!r}: {path / name} is not a readable safetensors file ({_first_line(exc)}); "
+                                 "copy it again (a download or copy may have been cut short) or save the checkpoint again") from None
+    _check_tokenizer(spec, path, config)
+
+
+def _weight_files(spec: str, path: Path) -> list[str]:
+    """The weight files of a checkpoint dir (every shard its index names); ValueError naming the missing one."""
+    found = [n for n in WEIGHT_FILES if (path / n).is_file()]
+    if not found:
+        raise ValueError(f"--model {spec!r}: {path} has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); "
+                         "copy the checkpoint's weight files there or save it with model.save_pretrained")
+    if not found[0].endswith(".index.json"):
+        return [found[0]]
+    index = path / found[0]
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--model {spec!r}: {index} is not a weight index with a weight_map ({_first_line(exc)}); "
+                         "copy it again or save the checkpoint again with save_pretrained") from None
+    missing = [s for s in shards if not (path / s).is_file()]
+    if missing:
+        raise ValueError(f"--model {spec!r}: {index.name} names {len(shards)} shards but {len(missing)} are missing "
+                         f"from {path} (first: {missing[0]}); copy every shard of the checkpoint there")
+    return shards
+
+
+def _check_tokenizer(spec: str, path: Path, config) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # a missing or broken tokenizer file surfaces as many exception types
+        raise ValueError(f"--model {spec!r}: cannot load a tokenizer from {path} ({_first_line(exc)}); copy the "
+                         "checkpoint's tokenizer files there or save them with tokenizer.save_pretrained") from None
+    # transformers builds a tokenizer with an empty vocabulary when a dir has no tokenizer files at all
+    if len(tokenizer) < 2 or not tokenizer.encode("hello world", add_special_tokens=False):
+        raise ValueError(f"--model {spec!r}: {path} has no tokenizer (no tokenizer.json, tokenizer.model or vocab files; "
+                         f"the one transformers builds has {len(tokenizer)} token(s)); copy the checkpoint's tokenizer "
+                         "files there or save them with tokenizer.save_pretrained")
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ValueError(f"--model {spec!r}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}; "
+                         "the tokenizer files belong to another model: copy this checkpoint's own tokenizer files there")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(ln.strip() for ln in str(exc).strip().splitlines() if ln.strip())
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def load_tokenizer(spec: str):

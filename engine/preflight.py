@@ -1,13 +1,22 @@
 """Checks of a run's inputs made in the launcher before any rank starts or any file is written.
 
 A mistake the user can fix (a run directory that cannot be created, a plug-in that does not
-import) must end as one line naming the value and the fix, and must leave no half-created run
-directory behind: so these checks only read, and probe writability with a temporary entry
-that they remove again. Torch-free, so the simulator path (`--sim`) runs them too.
+import, a sandbox that cannot run our interpreter, a model directory without weights) must end
+as one line naming the value and the fix, and must leave no half-created run directory behind:
+a failure inside a rank would come back with its traceback (engine/launch.py). So, in order:
+  1. `--out`/`--resume` is, or can be created as, a writable dir (probed with a temporary entry),
+     and a `--resume` dir holds a complete checkpoint;
+  2. the run's env is built once as rank 0 will build it, then closed: the bench's (its sandbox
+     probes namespaces and runs our interpreter, `--data` loads, the level has tasks) or the
+     `--env`/`--reward` plug-ins; its sandboxes warn nothing here (the rank's do);
+  3. the model: config, weight files, tokenizer (engine/models.py `check_model`), no tensor loaded.
+Nothing is written under the run dir (the env's sandbox makes and removes its own work dirs). The
+simulator (`--sim`) builds no env and loads no model: it runs only 1, without torch.
 
-Invariants (tests/test_bad_input.py, tests/test_plugins.py): `--out` under a file or in a
-read-only place is a ValueError naming the path and the fix, and creates nothing; a writable
-path passes; a broken `--env`/`--reward` fails here, before the run dir exists.
+Invariants (tests/test_bad_input.py, tests/test_plugins.py, tests/test_startup_errors.py): `--out`
+under a file or in a read-only place is a ValueError naming the path and the fix, and creates
+nothing; a writable path passes; a broken `--env`/`--reward`, a sandbox that cannot run the
+interpreter and a broken model dir fail here, each as one line, before the run dir exists.
 """
 
 from __future__ import annotations
@@ -20,8 +29,41 @@ from pathlib import Path
 def check_run_inputs(cfg, run_dir: Path) -> None:
     """Every launcher-side check of a resolved config, before the run directory exists."""
     check_out_dir(run_dir, "--resume" if cfg.run.resume else "--out")
+    if cfg.run.resume and not cfg.run.sim:
+        check_resume(run_dir)
     if cfg.run.env or cfg.run.reward:
-        check_plugin_flags(cfg)
+        check_plugin_flags(cfg)  # builds the run's env (and refuses --sim)
+    elif not cfg.run.sim:
+        check_bench_env(cfg)
+    if not cfg.run.sim:
+        from engine.models import check_model
+
+        check_model(cfg.run.model)
+
+
+def check_resume(run_dir: Path) -> None:
+    """`--resume DIR`: DIR holds a complete checkpoint (its config.json was read by config.parse_args)."""
+    from engine import checkpoint
+
+    if checkpoint.latest(run_dir) is None:
+        raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint under {Path(run_dir) / 'ckpt'}/ (a run writes "
+                                "one at a stop, at its end, every --step.checkpoint-every-min minutes and every "
+                                "--step.checkpoint-every steps); run it again with --out instead")
+
+
+def check_bench_env(cfg) -> None:
+    """Build the bench's env once, as rank 0 will (its sandbox runs our interpreter; `--data` loads), and
+    check it has tasks."""
+    from envs.plugins import make_run_env
+    from envs.sandbox import start_up_check
+
+    with start_up_check():
+        env = make_run_env(cfg.run.bench, **run_env_kwargs(cfg))
+        try:
+            if not env.tasks():
+                raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
+        finally:
+            env.close()
 
 
 def check_plugin_flags(cfg) -> None:
@@ -34,7 +76,10 @@ def check_plugin_flags(cfg) -> None:
     if cfg.run.env and cfg.run.demo_turns > 0:
         raise ValueError(f"--demo-turns {cfg.run.demo_turns} needs a bench's scripted oracle, which --env {cfg.run.env!r} "
                          "does not have; pass --demo-turns 0")
-    check_plugins(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
+    from envs.sandbox import start_up_check
+
+    with start_up_check():
+        check_plugins(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
 
 
 def run_env_kwargs(cfg) -> dict:

@@ -27,7 +27,7 @@ from envs.base import Task
 def read_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"data file {path} does not exist; pass the path of a .parquet or .jsonl file in the verl row schema.")
+        raise ValueError(f"--data {path} does not exist; pass the path of a .parquet or .jsonl file in the verl row schema.")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq  # only users with real data sets pay for the import
 

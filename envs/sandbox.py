@@ -22,18 +22,35 @@ Work dirs (`make_workdir`) are size- and inode-capped tmpfs mounts when we are r
 `auto` never falls back silently: where namespaces do not work it raises RuntimeError telling
 to pass `--env.isolation rlimits` and what that lacks.
 
-Invariants (tests/test_sandbox*.py, tests/test_adversarial.py): fork bombs, memory blow-ups
-(also across processes and through tmpfs), infinite loops, 1 GB writes, network connects,
-reads/writes outside the work dir, unmounts and setsid daemons are contained; every call returns
-within timeout + 1 s; no process, open file, cgroup or temp dir outlives its call / work dir.
+The interpreter inside is the host's, at the host's paths. The new root binds real paths, so an
+interpreter reached through a symlink (a venv run as /tmp/v/bin/python with /tmp/v -> /work/.venv,
+or a venv under a symlinked dir) would not exist there: `interpreter_aliases` finds the
+interpreter's dirs as the host reaches them (prefixes, each hop of the executable's symlink chain,
+pyvenv.cfg's home) and the new root binds each real dir at that path too. When our interpreter
+still cannot run inside (`check_interpreter`, or the probe failing on it), the RuntimeError is one
+line naming the cause, never the namespaces: the first dir or file on the way that the sandbox
+uid cannot enter or read (with the chmod that fixes it), a module the interpreter lacks or takes
+from a dir the sandbox does not bind, or a symlink that cannot be bound. The launcher builds the
+run's env once before any rank starts, inside `start_up_check()` (engine/preflight.py), so these
+errors end a run as that one line.
+
+Invariants (tests/test_sandbox*.py, tests/test_adversarial.py, tests/test_startup_errors.py):
+fork bombs, memory blow-ups (also across processes and through tmpfs), infinite loops, 1 GB writes,
+network connects, reads/writes outside the work dir, unmounts and setsid daemons are contained;
+every call returns within timeout + 1 s; no process, open file, cgroup or temp dir outlives its
+call / work dir; a venv reached through a symlink runs; an interpreter the sandbox uid cannot read
+is a one-line error naming the path.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -65,6 +82,76 @@ _probe_lock = threading.Lock()
 _probe_cache: dict[tuple, str | None] = {}
 _warned: set[str] = set()
 _interpreter_ok: set[tuple] = set()
+_start_up = threading.local()
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def _one_line(text: str) -> str:
+    """A command's output as one line of an error message (its lines joined by ' | ')."""
+    return " | ".join(ln.strip() for ln in text.strip().splitlines() if ln.strip())
+
+
+@contextmanager
+def start_up_check() -> Iterator[None]:
+    """Sandboxes built inside are the launcher's start-up check of the run's env (engine/preflight.py):
+    they probe and check the interpreter as usual, but warn nothing (the run's own sandbox warns, in
+    its rank) and do not make the launcher the subreaper of its ranks' orphans."""
+    _start_up.check = True
+    try:
+        yield
+    finally:
+        _start_up.check = False
+
+
+def _interpreter_paths() -> list[str]:
+    """The interpreter's dirs as the host reaches them, symlinks unresolved: the prefixes, the root of
+    each hop of the executable's symlink chain, and the base install a venv's pyvenv.cfg names."""
+    paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
+    link = os.path.abspath(sys.executable)
+    for _ in range(40):  # the kernel's own limit on symlink hops
+        paths.append(os.path.dirname(os.path.dirname(link)))
+        if not os.path.islink(link):
+            break
+        link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    for cfg in (Path(sys.prefix) / "pyvenv.cfg", Path(sys.executable).parent.parent / "pyvenv.cfg"):
+        try:
+            home = next((v.strip() for k, _, v in (ln.partition("=") for ln in cfg.read_text().splitlines())
+                         if k.strip() == "home"), "")
+        except OSError:
+            continue
+        if home.startswith("/"):
+            paths.append(os.path.dirname(os.path.normpath(home)))
+    return [os.path.abspath(p) for p in paths]
+
+
+def interpreter_aliases(bound: list[str], clear: str = "") -> list[tuple[str, str]]:
+    """(real dir, symlinked path the host reaches it by) for each interpreter dir reached through a symlink
+    outside the bound dirs, e.g. a venv run as /tmp/v/bin/python where /tmp/v -> /work/.venv. The new
+    root binds only real paths, where /tmp/v would not exist, so it binds the real dir there too: the
+    paths the host hands the sandbox (sys.executable, pyvenv.cfg's home) then resolve inside. An alias
+    that would cover a bound dir or `clear` (the work dirs' root) is left out."""
+    out: dict[str, str] = {}
+    for alias in _interpreter_paths():
+        real = os.path.realpath(alias)
+        if alias in ("/", real) or not os.path.isdir(real) or not any(sfs.under(real, b) for b in bound):
+            continue
+        if any(sfs.under(alias, b) for b in bound):
+            continue  # the symlink itself is visible in a bound dir and resolves to a bound real dir
+        if any(sfs.under(b, alias) for b in bound) or (clear and sfs.under(clear, alias)):
+            continue  # binding there would cover a bound dir or the work dirs
+        out[alias] = real
+    # an alias inside another one is bound with it
+    return sorted((real, a) for a, real in out.items() if not any(a != o and sfs.under(a, o) for o in out))
+
+
+def alias_rows(newroot: Path, aliases: list[tuple[str, str]], hidden: list[str]) -> str:
+    """fstab rows binding each real dir at its alias (after the rows of `sfs.fstab`), and covering the
+    hidden dirs inside it there too."""
+    nr = str(newroot)
+    rows = [f"{sfs._q(real)} {sfs._q(nr + alias)} none bind,ro,nosuid,nodev,X-mount.mkdir 0 0" for real, alias in aliases]
+    rows += [f"none {sfs._q(nr + alias + h[len(real.rstrip('/')):])} tmpfs size=4k,mode=755,nosuid,nodev 0 0"
+             for real, alias in aliases for h in sorted(hidden, key=len) if sfs.under(h, real)]
+    return "".join(r + "\n" for r in rows)
 
 
 class Sandbox:
@@ -72,6 +159,7 @@ class Sandbox:
 
     def __init__(self, cfg: SandboxConfig = SandboxConfig()):
         self.cfg = cfg
+        self._check_only = getattr(_start_up, "check", False)
         self._as_root = os.geteuid() == 0
         if not self._as_root and cfg.uid is not None and cfg.uid != os.getuid():
             raise ValueError(f"SandboxConfig.uid={cfg.uid} needs root (we run as uid {os.getuid()}); pass uid=None.")
@@ -80,10 +168,15 @@ class Sandbox:
         self._slots = threading.BoundedSemaphore(cfg.max_concurrent)
         base = Path(cfg.root_dir or tempfile.gettempdir())
         self._root = base / ("libra-sandbox" if self._as_root else f"libra-sandbox-{os.getuid()}")
-        self._root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        try:
+            self._root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"sandbox: cannot create the work-dir root {self._root} ({e.strerror}); "
+                               "pass --env.root-dir a directory this user can write to") from None
         self._newroot, self._devskel = sfs.runtime_dirs(self._root)
         self._exposed = sfs.interpreter_dirs(cfg.expose_paths)
         bound = [*sfs.SYSTEM_DIRS, *self._exposed]
+        self._aliases = interpreter_aliases(bound, clear=os.path.realpath(self._root))
         hidden = [*cfg.hidden_paths, *(_DATA_DIRS if cfg.hide_project else ())]
         self._hidden = [h for h in hidden if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
         sup = cg.support() if cfg.use_cgroup else None
@@ -112,19 +205,23 @@ class Sandbox:
         self._use_ns, self._lacks, self._subreaper = self.cfg.isolation != "rlimits", "", False
         if self.cfg.isolation == "rlimits":
             # orphans must come back to us to be killed and reaped (some containers' PID 1 never reaps)
-            self._subreaper = sp.become_subreaper()
+            self._subreaper = not self._check_only and sp.become_subreaper()
             self._lacks = self._rlimits_lacks()
-            if self._lacks not in _warned:
+            if self._lacks not in _warned and not self._check_only:
                 _warned.add(self._lacks)
                 logger.warning("sandbox isolation 'rlimits' (explicitly chosen) lacks: %s", self._lacks)
             return False
         why = self._probe_namespaces()
         if why is not None:
+            # the chain may have failed to start our interpreter (the guard): not a namespace problem
+            unbound, blocked = self._not_bound(), self._interpreter_blocked(use_ns=True)
+            if unbound or blocked:
+                raise RuntimeError(self._cannot_run(os.path.abspath(sys.executable), unbound or blocked, True, bool(blocked)))
             raise RuntimeError(
                 f"sandbox: user/PID/network/mount namespaces do not work here ({why}); isolation={self.cfg.isolation!r} "
                 f"needs them. Pass --env.isolation rlimits to run anyway, which lacks: {self._rlimits_lacks()}")
         self._lacks = "; ".join(self._limit_lacks())
-        if self._lacks and self._lacks not in _warned:
+        if self._lacks and self._lacks not in _warned and not self._check_only:
             _warned.add(self._lacks)
             logger.warning("sandbox (namespaces) lacks: %s", self._lacks)
         return True
@@ -170,7 +267,7 @@ class Sandbox:
 
     def _probe_namespaces(self) -> str | None:
         """None if the namespace chain runs `true` here, else why not (cached per uid and layout)."""
-        key = (self._uid, str(self._root), tuple(self._exposed))
+        key = (self._uid, str(self._root), tuple(self._exposed), tuple(self._aliases))
         with _probe_lock:
             if key in _probe_cache:
                 return _probe_cache[key]
@@ -181,9 +278,9 @@ class Sandbox:
                 with self.workdir("probe") as w:
                     try:
                         r = self._run_locked(["true"], w, 10.0, None, None, use_ns=True)
-                        why = None if r.returncode == 0 else f"`true` exited {r.returncode}: {r.stderr.strip()[:200]}"
+                        why = None if r.returncode == 0 else f"`true` exited {r.returncode}: {_one_line(r.stderr)[:200]}"
                     except ToolInfraError as e:
-                        why = str(e)[:300]
+                        why = _one_line(str(e))[:300]
             _probe_cache[key] = why
             return why
 
@@ -236,7 +333,9 @@ class Sandbox:
             raise ToolInfraError(f"sandbox: could not remove the work dir {path}: {e}") from e
 
     def check_interpreter(self, args: list[str], what: str) -> None:
-        """RuntimeError unless `python ARGS` (this interpreter) succeeds inside; once per sandbox layout."""
+        """RuntimeError unless `python ARGS` (this interpreter) succeeds inside; once per sandbox layout.
+        The error is one line naming the cause (a path the sandbox uid cannot read, a module the
+        interpreter lacks or the sandbox does not expose) and the fix."""
         key = (self._uid, self._use_ns, sys.executable, tuple(args))
         with _probe_lock:
             if key in _interpreter_ok:
@@ -244,15 +343,100 @@ class Sandbox:
         with self.workdir("probe") as w:
             r = self.run([sys.executable, *args], cwd=w, timeout_s=30.0)
         if r.returncode == sandbox_guard.GUARD_FAILED:
-            raise RuntimeError(f"sandbox: {r.stderr.strip()[-300:]}; the kernel must allow seccomp filters "
+            raise RuntimeError(f"sandbox: {_one_line(r.stderr)[-300:]}; the kernel must allow seccomp filters "
                                "(CONFIG_SECCOMP_FILTER, and no container profile that forbids them)")
         if r.returncode != 0:
-            raise RuntimeError(
-                f"sandbox ({'namespaces' if self._use_ns else 'rlimits'}, uid {self._uid}) cannot run {sys.executable} "
-                f"with {what} (exit {r.returncode}: {r.output.strip()[-200:]}); install the venv where uid {self._uid} "
-                f"can read it (not under /root or a 0700 home){'' if self._use_ns else ', or use --env.isolation auto'}.")
+            raise RuntimeError(self._why_cannot_run(r, what))
         with _probe_lock:
             _interpreter_ok.add(key)
+
+    def _why_cannot_run(self, r: SandboxResult, what: str) -> str:
+        exe = os.path.abspath(sys.executable)
+        unbound = self._not_bound() if self._use_ns else None
+        if unbound:
+            return self._cannot_run(exe, unbound, self._use_ns, False)
+        blocked = self._interpreter_blocked(self._use_ns)
+        if blocked:
+            return self._cannot_run(exe, blocked, self._use_ns)
+        missing = _MISSING_MODULE.search(r.output)
+        where = f"sandbox ({'namespaces' if self._use_ns else 'rlimits'}, uid {self._uid}) cannot run {exe} with {what}"
+        if missing:
+            name = missing.group(1).split(".")[0]
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.origin:
+                return f"{where}: this interpreter has no module {name!r}; install it into it (`{exe} -m pip install {name}`)"
+            origin = os.path.realpath(spec.origin)
+            blocked = self._blocked(origin, self._use_ns)
+            if blocked:
+                return self._cannot_run(exe, blocked, self._use_ns)
+            if self._use_ns and not any(sfs.under(origin, d) for d in (*sfs.SYSTEM_DIRS, *self._exposed)):
+                return (f"{where}: {name} comes from {origin}, outside the interpreter's dirs that the sandbox binds "
+                        f"({', '.join(self._exposed)}); install {name} into this interpreter (`{exe} -m pip install {name}`)")
+        return (f"{where} (exit {r.returncode}: {_one_line(r.output)[-200:]}); install the venv where uid {self._uid} "
+                f"can read it (not under /root or a 0700 home){'' if self._use_ns else ', or use --env.isolation auto'}")
+
+    def _cannot_run(self, exe: str, why: str, use_ns: bool, unreadable: bool = True) -> str:
+        head = f"sandbox ({'namespaces' if use_ns else 'rlimits'}, uid {self._uid}) cannot run {exe}: {why}"
+        if not unreadable:
+            return head
+        return (f"{head}, or install the venv where uid {self._uid} can read it (not under /root or a 0700 home)"
+                f"{'' if use_ns else ', or use --env.isolation auto'}")
+
+    def _not_bound(self) -> str | None:
+        """Namespace mode: why the path of our interpreter does not exist in the new root, or None."""
+        exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+        inside = (*sfs.SYSTEM_DIRS, *self._exposed, *(alias for _, alias in self._aliases))
+        if any(sfs.under(exe_dir, d) for d in inside):
+            return None
+        real_dir = os.path.realpath(exe_dir)
+        if real_dir == exe_dir:
+            return None
+        return (f"its path does not exist inside: {exe_dir} is reached through a symlink to {real_dir} that cannot be "
+                f"bound at its own path; fix: run the venv by its real path, {real_dir}/{os.path.basename(sys.executable)}")
+
+    def _interpreter_blocked(self, use_ns: bool) -> str | None:
+        """Why the sandbox uid cannot use the interpreter's files (its executable, prefixes), or None."""
+        for path in (sys.executable, sys.prefix, sys.base_prefix):
+            why = self._blocked(path, use_ns)
+            if why:
+                return why
+        return None
+
+    def _blocked(self, path: str, use_ns: bool) -> str | None:
+        """The first dir on the way to `path` that the sandbox uid cannot enter, or `path` itself when it
+        cannot read (a dir, a plain file) or run (an executable) it. In namespace mode only what the new
+        root binds counts (it makes the dirs above); in rlimits mode the path as written counts too."""
+        real = os.path.realpath(path)
+        roots = (*sfs.SYSTEM_DIRS, *self._exposed)
+        for chain in ([real] if use_ns else [os.path.abspath(path), real]):
+            parts = chain.split("/")
+            for i in range(2, len(parts) + 1):
+                comp = "/".join(parts[:i])
+                if use_ns and not any(sfs.under(comp, d) for d in roots):
+                    continue
+                try:
+                    st = os.stat(comp)
+                except OSError as e:
+                    return f"{comp} cannot be read ({e.strerror})"
+                is_dir, leaf = stat.S_ISDIR(st.st_mode), i == len(parts)
+                need = (os.X_OK if not leaf else os.R_OK | os.X_OK if is_dir else os.X_OK if st.st_mode & 0o111 else os.R_OK)
+                if not self._may(comp, st, need):
+                    verb = "enter" if is_dir and not leaf else "run" if need == os.X_OK else "read"
+                    bits = "x" if need == os.X_OK else "r" if need == os.R_OK else "rx"
+                    way = f", on the way to {chain}" if comp != chain else ""
+                    real_of = f" (the real path of {path})" if chain == real and real != os.path.abspath(path) else ""
+                    return (f"uid {self._uid} cannot {verb} {comp} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
+                            f"{st.st_uid}){way}{real_of}; fix: `chmod o+{bits} {comp}`")
+        return None
+
+    def _may(self, path: str, st: os.stat_result, need: int) -> bool:
+        """Whether the sandbox uid has `need` (os.R_OK | os.X_OK) on `path`: our own access when it is our uid,
+        else the mode bits of the class it falls in (it runs with no supplementary groups)."""
+        if not self._as_root:
+            return os.access(path, need)
+        bits = (4 if need & os.R_OK else 0) | (1 if need & os.X_OK else 0)
+        shift = 6 if st.st_uid == self._uid else 3 if st.st_gid == self._gid else 0
+        return (st.st_mode >> shift) & bits == bits
 
     @contextmanager
     def workdir(self, prefix: str = "task", *, owned: bool = True) -> Iterator[Path]:
@@ -281,9 +465,10 @@ class Sandbox:
                                    cgroup_procs=procs, command=command), None
         cwd_real = os.path.realpath(cwd)
         fstab = self._newroot.parent / f"fstab-{uuid.uuid4().hex}"
+        hidden = [h for h in self._hidden if not sfs.under(cwd_real, h)]
         fstab.write_text(sfs.fstab(newroot=self._newroot, devskel=self._devskel, cwd=cwd_real, exposed=self._exposed,
-                                   hidden=[h for h in self._hidden if not sfs.under(cwd_real, h)],
-                                   tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only))
+                                   hidden=hidden, tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only)
+                         + alias_rows(self._newroot, self._aliases, hidden))
         return sp.ns_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd, cgroup_procs=procs,
                           fstab=fstab, newroot=self._newroot, cwd=cwd_real, command=command), fstab
 
