@@ -16,6 +16,13 @@ Measures, with the runtime's own code on the machine it runs on, and writes a
   - step overhead: mailbox round trips over the torch TCPStore (engine/control.py), two per step on
     the training path (Train -> Trained, Sync -> Synced), plus the coordinator's poll period.
 
+`--quick` (what a run's `--planner.profile auto` measures once per machine and model,
+engine/profile_cache.py): a coarser decode grid with fewer repetitions, and one two-rank spawn for
+every trainer figure instead of one per rank count plus one for the hand-off: rank 0 alone trains
+(tokens/s and gather on 1 rank) and saves the hand-off, then both ranks build an FSDP trainer,
+load it (the switch's new group) and train (tokens/s and gather on 2 ranks; more ranks are
+extrapolated); the sync is timed once. SmolLM2 on 2 busy cores: ~70 s instead of ~5 minutes.
+
 Last line: `profile: PATH`. Pass the file to a run with `--planner.profile PATH`, to the
 simulator with `SimConfig(profile=PATH)`, and to `python -m bench.fidelity --profile PATH`. On a
 loaded 2-core box every figure is noisy; run it when the machine is quiet.
@@ -38,6 +45,14 @@ from engine.launch import spawn
 from scheduler.profile import HANDOFF_RANKS, HardwareProfile
 
 
+_T0 = time.perf_counter()
+
+
+def _say(line: str) -> None:
+    """A progress line with the seconds since the profile started (a caller reads them as they come)."""
+    print(f"[{time.perf_counter() - _T0:5.0f} s] {line}", flush=True)
+
+
 def _median_s(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -47,7 +62,7 @@ def _median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], decode_steps: int):
+def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], decode_steps: int, prefill_repeats: int = 3):
     from engine.models import load_policy
     from engine.rollout_runner import BatchRunner
 
@@ -63,6 +78,7 @@ def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], de
             t0 = time.perf_counter()
             runner.prefill(["r0"], [ids])
             prefill.append((c, time.perf_counter() - t0))
+            _say(f"prefill {c:>5} tokens: {prefill[-1][1]:.2f} s")
             kv, n = runner.parked["r0"]
             for b in batches:
                 runner = BatchRunner(model, device="cpu")
@@ -70,16 +86,17 @@ def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], de
                 runner.admit([f"r{i}" for i in range(b)])
                 runner.decode([1] * b)  # warm-up
                 decode.append((b, c, _median_s(lambda: runner.decode([1] * b), decode_steps)))
-                print(f"  decode batch {b:>3} context {c:>5}: {decode[-1][2] * 1e3:8.2f} ms/step", flush=True)
+                _say(f"decode batch {b:>3} context {c:>5}: {decode[-1][2] * 1e3:8.2f} ms/step")
         for n_tok in (64, 256):
             if n_tok < min(contexts):
                 ids = torch.randint(0, vocab, (n_tok,)).tolist()
-                prefill.append((n_tok, _median_s(lambda: BatchRunner(model, device="cpu").prefill(["x"], [ids]), 3)))
+                prefill.append((n_tok, _median_s(lambda: BatchRunner(model, device="cpu").prefill(["x"], [ids]),
+                                                 prefill_repeats)))
     num_params = sum(p.numel() for p in model.parameters())
     return decode, sorted(prefill), num_params
 
 
-def _comm_rank(ctx, nbytes: int, rebuilds: int):
+def _comm_rank(ctx, nbytes: int, rebuilds: int, syncs: int):
     import random
 
     import torch.distributed as dist
@@ -99,11 +116,11 @@ def _comm_rank(ctx, nbytes: int, rebuilds: int):
         rebuild_s.append(time.perf_counter() - t0)
     mgr.destroy()
     group = dist.new_group(list(range(ctx.world_size)))
-    state = {"w": torch.randn(max(1, nbytes // 4))}
+    state = {"w": (torch.randn if ctx.rank == 0 else torch.empty)(max(1, nbytes // 4))}  # receivers' values are overwritten
     sender = WeightSender(group, 0, bucket_size_mb=64, device=torch.device("cpu"))
     receiver = WeightReceiver(group, 0, manifest(state), bucket_size_mb=64, device=torch.device("cpu"))
     sync_s = []
-    for r in range(3):
+    for r in range(syncs):
         dist.barrier()
         t0 = time.perf_counter()
         if ctx.rank == 0:
@@ -155,8 +172,10 @@ def _handoff_rank(ctx, model_spec: str, out_dir: str) -> dict:
     return {"save_s": save_s, "load_s": time.perf_counter() - t0}
 
 
-def measure_comm(num_params: int, ranks: int) -> dict:
-    return spawn(_comm_rank, ranks, (num_params * 4, 5), device_info=DeviceInfo("cpu", 2), timeout_s=300)[0]
+def measure_comm(num_params: int, ranks: int, rebuilds: int = 5, syncs: int = 3) -> dict:
+    out = spawn(_comm_rank, ranks, (num_params * 4, rebuilds, syncs), device_info=DeviceInfo("cpu", 2), timeout_s=300)[0]
+    _say(f"weight sync to {ranks - 1} ranks {out['sync_s']:.2f} s, group rebuild {out['rebuild_s'] * 1e3:.1f} ms")
+    return out
 
 
 def measure_handoff(model_spec: str) -> dict:
@@ -164,7 +183,7 @@ def measure_handoff(model_spec: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         results = spawn(_handoff_rank, HANDOFF_RANKS, (model_spec, tmp), device_info=DeviceInfo("cpu", 2), timeout_s=900)
     out = {"save_s": results[0]["save_s"], "load_s": max(r["load_s"] for r in results)}
-    print(f"  hand-off: save {out['save_s']:.2f} s, build + load on 2 trainer ranks {out['load_s']:.2f} s", flush=True)
+    _say(f"hand-off: save {out['save_s']:.2f} s, build + load on 2 trainer ranks {out['load_s']:.2f} s")
     return out
 
 
@@ -178,8 +197,80 @@ def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> tuple[dict[i
     for n in range(1, max_ranks + 1):
         r = measure(model_spec, n, args)
         tokens_per_s[n], gather_s[n] = r["tokens_per_s"], r["gather_s"]
-        print(f"  train {n} rank(s): {tokens_per_s[n]:8.1f} tokens/s, full-weight gather {gather_s[n] * 1e3:.1f} ms", flush=True)
+        _say(f"train {n} rank(s): {tokens_per_s[n]:8.1f} tokens/s, full-weight gather {gather_s[n] * 1e3:.1f} ms")
     return tokens_per_s, gather_s
+
+
+def _timed_train(trainer, batch, version: int, group) -> tuple[float, float]:
+    """Tokens/s of one train step on `batch` (over the group's slowest rank) and the full-weight gather's seconds."""
+    import torch.distributed as dist
+
+    if group is not None:
+        dist.barrier(group)
+    t0 = time.perf_counter()
+    tokens = trainer.train_step(batch, version)["train/tokens"]
+    if group is not None:
+        dist.barrier(group)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    trainer.full_state_dict()
+    return tokens / train_s, time.perf_counter() - t0
+
+
+def _quick_trainer_rank(ctx, model_spec: str, out_dir: str, num_trajectories: int, seq_len: int) -> dict:
+    """Every trainer figure of `--quick` in one spawn of HANDOFF_RANKS ranks: rank 0 alone trains and
+    saves the hand-off; then all build an FSDP trainer, load it (a switch's new group) and train the
+    same tokens per rank. No warm-up step: on a CPU a first step costs little more than the next."""
+    import torch.distributed as dist
+
+    from bench.trainer import synthetic_batch
+    from engine.models import load_policy
+    from engine.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
+
+    cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=1024)
+    out = {}
+    if ctx.rank == 0:  # the others wait in the barrier: one busy process, as a lone trainer rank
+        model, tok = load_policy(model_spec, device="cpu")
+        old = Trainer(model, cfg, group=None, device="cpu")
+        out["tps_1"], out["gather_1"] = _timed_train(old, synthetic_batch(num_trajectories, seq_len, len(tok), 0), 0, None)
+        t0 = time.perf_counter()
+        save_handoff(old, out_dir, write=True)
+        out["save_s"] = time.perf_counter() - t0
+        del old, model
+    dist.barrier()
+    t0 = time.perf_counter()
+    model, tok = load_policy(model_spec, device="cpu")
+    trainer = Trainer(model, cfg, group=dist.group.WORLD, device="cpu")
+    load_handoff(trainer, out_dir, "cpu")
+    dist.barrier()
+    out["load_s"] = time.perf_counter() - t0
+    batch = synthetic_batch(num_trajectories * ctx.world_size, seq_len, len(tok), 1)
+    out["tps_n"], out["gather_n"] = _timed_train(trainer, batch, 1, dist.group.WORLD)
+    return out
+
+
+def measure_train_quick(model_spec: str, num_trajectories: int, seq_len: int) -> tuple[dict, dict, dict]:
+    """`--quick`: (tokens/s, gather seconds) per trainer rank count {1, HANDOFF_RANKS}, and the hand-off's seconds."""
+    _say(f"training {num_trajectories} x {seq_len} tokens on 1 rank, the hand-off, then as much per rank on "
+         f"{HANDOFF_RANKS} ranks (the longest part)")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = spawn(_quick_trainer_rank, HANDOFF_RANKS, (model_spec, tmp, num_trajectories, seq_len),
+                    device_info=DeviceInfo("cpu", 2), timeout_s=900)
+    n = HANDOFF_RANKS
+    tokens_per_s = {1: res[0]["tps_1"], n: res[0]["tps_n"]}
+    gather_s = {1: res[0]["gather_1"], n: max(r["gather_n"] for r in res)}
+    handoff = {"save_s": res[0]["save_s"], "load_s": max(r["load_s"] for r in res)}
+    for k in (1, n):
+        _say(f"train {k} rank(s): {tokens_per_s[k]:8.1f} tokens/s, full-weight gather {gather_s[k] * 1e3:.1f} ms")
+    _say(f"hand-off: save {handoff['save_s']:.2f} s, build + load on {n} trainer ranks {handoff['load_s']:.2f} s")
+    return tokens_per_s, gather_s, handoff
+
+
+# the grid and repetitions of a full profile and of `--quick` (flags given explicitly win over both)
+FULL = {"batches": "1,4,16,32", "contexts": "128,512,1024,1536", "decode_steps": 5, "max_trainer_ranks": 4,
+        "train_seq_len": 512}
+QUICK = {"batches": "1,16", "contexts": "256,1024", "decode_steps": 2, "max_trainer_ranks": HANDOFF_RANKS,
+         "train_seq_len": 256, "train_trajectories": 2}
 
 
 def main() -> None:
@@ -187,25 +278,40 @@ def main() -> None:
     p.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF model dir")
     p.add_argument("--device", default="cpu", choices=("cpu",), help="only CPU is profiled here (no GPU on these machines)")
     p.add_argument("--out", default="", help="profile path; default profiles/<model>-<device>.json")
-    p.add_argument("--batches", default="1,4,16,32")
-    p.add_argument("--contexts", default="128,512,1024,1536")
-    p.add_argument("--decode-steps", type=int, default=5)
-    p.add_argument("--max-trainer-ranks", type=int, default=4, help="the CPU run has 4 workers; colocate trains on all")
+    p.add_argument("--quick", action="store_true", help="a short profile (~70 s for smollm2 on 2 busy cores): see the docstring")
+    p.add_argument("--batches", help=f"decode batch sizes (default {FULL['batches']}, quick {QUICK['batches']})")
+    p.add_argument("--contexts", help=f"decode contexts (default {FULL['contexts']}, quick {QUICK['contexts']})")
+    p.add_argument("--decode-steps", type=int,
+                   help=f"timed decode steps per point (default {FULL['decode_steps']}, quick {QUICK['decode_steps']})")
+    p.add_argument("--max-trainer-ranks", type=int,
+                   help=f"the CPU run has 4 workers; colocate trains on all (default {FULL['max_trainer_ranks']}, "
+                        f"quick {HANDOFF_RANKS})")
     p.add_argument("--ranks", type=int, default=5, help="gloo ranks for the sync and rebuild (the CPU run: 4 workers + coordinator)")
-    p.add_argument("--train-seq-len", type=int, default=512)
+    p.add_argument("--train-seq-len", type=int,
+                   help=f"tokens per training sequence (default {FULL['train_seq_len']}, quick {QUICK['train_seq_len']})")
     p.add_argument("--poll-s", type=float, default=0.001, help="the coordinator loop's poll period")
     args = p.parse_args()
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.quick and args.max_trainer_ranks != HANDOFF_RANKS:
+        p.error(f"--quick measures training on 1 and {HANDOFF_RANKS} ranks; drop --max-trainer-ranks or --quick")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from engine.models import model_arch_name
 
     t_start = time.time()
-    print(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores)", flush=True)
+    _say(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores){', quick' if args.quick else ''}")
     decode, prefill, num_params = measure_rollout(args.model, [int(x) for x in args.batches.split(",")],
-                                                  [int(x) for x in args.contexts.split(",")], args.decode_steps)
-    train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
-    comm = measure_comm(num_params, args.ranks)
-    handoff = measure_handoff(args.model)
+                                                  [int(x) for x in args.contexts.split(",")], args.decode_steps,
+                                                  prefill_repeats=1 if args.quick else 3)
+    if args.quick:
+        train, gather, handoff = measure_train_quick(args.model, args.train_trajectories, args.train_seq_len)
+        comm = measure_comm(num_params, args.ranks, rebuilds=2, syncs=1)
+    else:
+        train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
+        comm = measure_comm(num_params, args.ranks)
+        handoff = measure_handoff(args.model)
     profile = HardwareProfile(
         model=args.model, arch=model_arch_name(args.model), device=args.device, hardware=args.device,
         decode=tuple(decode), prefill=tuple(prefill), train_tokens_per_s=train, sync_s=comm["sync_s"],
@@ -215,7 +321,7 @@ def main() -> None:
         step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather, cores=os.cpu_count() or 1,
         meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),
-              "load_1m": os.getloadavg()[0]})
+              "load_1m": os.getloadavg()[0], "quick": args.quick})
     path = Path(args.out or f"profiles/{args.model}-{args.device}.json")
     profile.save(path)
     print(f"{'measure':<28} value")
@@ -224,7 +330,7 @@ def main() -> None:
         print(f"{name:<28} {value:.4f}")
     for n, tps in train.items():
         print(f"{'train tokens/s, ' + str(n) + ' rank(s)':<28} {tps:.1f}")
-    print(f"profile: {path}")
+    print(f"profile: {path} ({time.time() - t_start:.0f} s)")
 
 
 if __name__ == "__main__":

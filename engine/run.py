@@ -48,31 +48,60 @@ def valid_tp_degrees(cfg) -> tuple[int, ...]:
 
 
 def cost_model_for(cfg, info: DeviceInfo):
-    """The measured profile (`--planner.profile`) when given, else the analytic tables for the device."""
+    """The planner's cost model, by `--planner.profile`: this machine's measured profile (auto, refresh:
+    measured once per model and machine and cached, engine/profile_cache.py), a profile file, or the
+    analytic tables (none; and auto on a device bench.profile cannot measure). Logs one line saying which.
+
+    Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), best before the
+    ranks start: the workers wait for the coordinator's first role map for at most --launch.timeout-s."""
+    from scheduler.profile import ProfiledCostModel, load_cost_model
+    from scheduler.systems import get_system
+
+    if not get_system(cfg.run.system).planner:  # nothing plans: measure nothing, say nothing
+        return _analytic_cost_model(cfg.run.model, info.kind)
+    mode = cfg.planner.profile or "none"
+    if mode in ("auto", "refresh") and info.kind == "cpu":
+        from engine.profile_cache import cached_profile
+
+        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh")
+        log.info("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
+                 "none plans on the analytic tables)", path, how)
+        return ProfiledCostModel(profile)
+    if mode not in ("auto", "refresh", "none"):
+        cost = load_cost_model(mode)
+        if cost.profile.model != cfg.run.model or cost.profile.device != info.kind:
+            raise ValueError(f"--planner.profile {mode} measured {cost.profile.model} on {cost.profile.device}, "
+                             f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
+                             f"`python -m bench.profile --model {cfg.run.model}`, or pass --planner.profile auto")
+        log.info("[libra] planner costs: the profile %s", mode)
+        return cost
+    cost = _analytic_cost_model(cfg.run.model, info.kind)
+    if info.kind == "cpu":  # the tables treat each rank as a device of its own; here they share the cores
+        cost.prices_split = False  # the planner keeps the trainer/rollout split (scheduler/planner.py, 5.)
+        log.info("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
+                 "ranks between training and rollout on shared cores, so the planner keeps the split")
+    else:
+        log.info("[libra] planner costs: the analytic %s tables (bench.profile measures CPU runs only; pass "
+                 "--planner.profile PATH for a measured one)", cost.hw.name)
+    return cost
+
+
+def _analytic_cost_model(model: str, device_kind: str):
     from engine.models import model_arch_name
     from scheduler.costmodel import MODELS, get_cost_model
 
-    if cfg.planner.profile:
-        from scheduler.profile import load_cost_model
-
-        cost = load_cost_model(cfg.planner.profile)
-        if cost.profile.model != cfg.run.model or cost.profile.device != info.kind:
-            raise ValueError(f"--planner.profile {cfg.planner.profile} measured {cost.profile.model} on {cost.profile.device}, "
-                             f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
-                             f"`python -m bench.profile --model {cfg.run.model}`")
-        return cost
-    arch = model_arch_name(cfg.run.model)
-    hw = {"cpu": "cpu", "npu": "910b3"}.get(info.kind, "h100")
+    arch = model_arch_name(model)
+    hw = {"cpu": "cpu", "npu": "910b3"}.get(device_kind, "h100")
     return get_cost_model(hw, arch if arch in MODELS else "qwen3-4b")
 
 
 def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
     info = detect(cfg.run.device)
     if cfg.run.resume:
-        ckpt = checkpoint.latest(Path(cfg.run.resume))
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume {cfg.run.resume}: no complete checkpoint under {cfg.run.resume}/ckpt/")
-        return info, checkpoint.load(ckpt).role_map
+        from engine.preflight import check_resume
+
+        check_resume(Path(cfg.run.resume))
+        return info, checkpoint.load(checkpoint.latest(Path(cfg.run.resume))).role_map
     nproc = cfg.run.nproc or info.default_nproc()
     if info.kind != "cpu" and nproc > info.count:
         # allowed (e.g. 2 ranks on one GPU to try a node): ranks share devices round-robin, their
@@ -178,6 +207,7 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
         log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
                  role_map.describe())
+        cost_model_for(cfg, info)  # a profile this machine lacks is measured (and cached) before any rank starts
     args = (cfg, role_map, str(out_dir), resume, handoff)
     if torchrun:
         results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,

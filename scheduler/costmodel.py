@@ -169,6 +169,7 @@ class CostModel:
 
     step_overhead_s = 0.0  # the control plane's fixed cost per step (a measured profile knows it)
     shared_cores = 0  # CPU cores every rank shares (a measured CPU profile knows it); 0: a device per rank
+    prices_split = True  # False: it cannot price moving ranks between training and rollout (the planner keeps the split)
 
     def __init__(self, hw: Hardware, model: ModelSpec, cfg: CostModelConfig | None = None) -> None:
         self.hw, self.model, self.cfg = hw, model, cfg or CostModelConfig()

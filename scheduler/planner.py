@@ -18,10 +18,16 @@ Algorithm, per `on_step_end(stats, now)`:
 4. On a ratio trigger the search only considers splits that do not take ranks from the stage
    the clock says is short (an uncalibrated model can contradict the clock; the buckets may
    still be re-planned at the same split). Apply only if current/new >= 1 + `min_gain_ratio`
-   and the gain per step x remaining steps exceeds the reconfiguration cost: the cost model's
-   (a profile's: hand-off save, rebuild, new trainers loaded, one sync) plus the drain, up to the
-   longest tool call seen (a request in a tool call leaves its instance when the tool returns),
-   or the dearest change this run has measured (`StepStats.reconfig_s`), whichever is more.
+   and the gain per step x the steps left that run on the new layout exceeds the reconfiguration
+   cost. Those steps are the ones admitted after the switch: the run's remaining steps less the
+   `lookahead` already admitted, whose rollout ran on the old layout (so with one step left and a
+   pipeline one step ahead, no move pays). The cost: the cost model's (a profile's: hand-off save,
+   rebuild, new trainers loaded, one sync) plus the drain, up to the longest tool call seen (a
+   request in a tool call leaves its instance when the tool returns), or the dearest change this
+   run has measured (`StepStats.reconfig_s`), whichever is more.
+5. A cost model that cannot price moving ranks between training and rollout (`prices_split`
+   False: the analytic tables on a CPU run, whose ranks share cores) keeps the split; the
+   planner says so once and still re-plans the buckets.
 
 Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
@@ -29,7 +35,8 @@ than training-heavy history; a long tail gets an instance of TP >= 2; on station
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling
 steps leave the calibration alone and trigger only far outside the band; no plan takes ranks
 from the measured bottleneck; a gain that cannot pay for the switch (as modelled, or as measured
-by an earlier switch) is refused; the step model counts the pipeline's overlap.
+by an earlier switch) over the steps admitted after it is refused; a split the cost model cannot
+price is kept; the step model counts the pipeline's overlap.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from scheduler.layout_search import Choice, LayoutSearch, Switch, switch_of
 
 __all__ = ["GlobalPlanner", "PlannerConfig", "Workload"]
 logger = logging.getLogger(__name__)
+PROFILE_MODES = ("auto", "refresh", "none", "")  # PlannerConfig.profile values that are not a path ("": none, as before)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +71,7 @@ class PlannerConfig:
     max_batch: int = 256  # most sequences one instance decodes at once, whatever its TP (vLLM's max_num_seqs)
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
-    profile: str = ""  # measured HardwareProfile JSON (python -m bench.profile); empty = the analytic tables
+    profile: str = "auto"  # auto: plan a CPU run on this machine's costs, measured once (~1 min) and cached | refresh | none: analytic tables | a bench.profile JSON
 
     def __post_init__(self) -> None:
         if self.interval_steps < 1 or self.history_steps < 1:
@@ -83,9 +91,9 @@ class PlannerConfig:
                              f"and settle_steps={self.settle_steps} >= 0; e.g. 3 and 1")
         if not 0 < self.scale_ema <= 1:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
-        if self.profile and not Path(self.profile).is_file():
-            raise ValueError(f"PlannerConfig: profile {self.profile!r} does not exist; write one with "
-                             f"`python -m bench.profile --model M --out {self.profile}`")
+        if self.profile not in PROFILE_MODES and not Path(self.profile).is_file():
+            raise ValueError(f"PlannerConfig: profile {self.profile!r} does not exist and is none of {PROFILE_MODES[:3]}; "
+                             f"pass auto, or write one with `python -m bench.profile --model M --out {self.profile}`")
 
 
 class GlobalPlanner:
@@ -96,6 +104,7 @@ class GlobalPlanner:
             raise ValueError(f"GlobalPlanner: world_size={world_size} must be >= 2 (one trainer + one rollout device)")
         self.cfg, self.cm, self.world_size = cfg or PlannerConfig(), cost_model, world_size
         self.remaining_steps = remaining_steps
+        self.lookahead = lookahead
         self.current = current
         self.scales = Scales()
         buckets = buckets or BucketsConfig()
@@ -112,6 +121,8 @@ class GlobalPlanner:
         # the dearest role-map change this run has paid, by whether it moved the trainer group
         self.measured_reconfig_s: dict[bool, float] = {True: 0.0, False: 0.0}
         self._switch: Switch | None = None  # the last plan's change, until its measured cost arrives
+        self.prices_split = cost_model.prices_split  # False: keep the split (module docstring, 5)
+        self._said_unpriced = False
 
     @property
     def rollout_scale(self) -> float:
@@ -183,7 +194,7 @@ class GlobalPlanner:
         lo, hi = 1, self.world_size - 1
         if self.current is not None:
             cur = len(self.current.rollout_ranks)
-            if not self.cfg.allow_realloc:
+            if not self.cfg.allow_realloc or not self.prices_split:
                 lo = hi = cur
             elif starved == "rollout":
                 lo = cur
@@ -192,17 +203,31 @@ class GlobalPlanner:
         return self.search.best(wl, self.scales, current=self.current, rollout_range=(lo, hi))
 
     def _maybe_apply(self, wl: Workload, why: str, starved: str | None = None) -> PlanDecision | None:
+        if not self.prices_split and not self._said_unpriced and self.cfg.allow_realloc:
+            self._said_unpriced = True
+            logger.info("planner keeps the trainer/rollout split: the cost model cannot price moving ranks between "
+                        "them (the analytic tables on shared CPU cores); --planner.profile auto measures this machine")
         best = self._best(wl, starved)
         cur_s = self.search.predict(self.current, wl, self.scales)[0]
         role_map = self.search.build(best, self.current)
         switch = switch_of(self.current, role_map)
-        reconfig = self.reconfig_s(switch)
+        if switch.moved == 0:
+            logger.debug("plan kept (%s): the best layout is the current one (%.3fs)", why, cur_s)
+            return None
+        reconfig, steps = self.reconfig_s(switch), self.payback_steps()
         gain = cur_s - best.step_s
-        if switch.moved == 0 or cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * max(0, self.remaining_steps) <= reconfig:
-            logger.debug("plan kept (%s): current %.3fs vs new %.3fs, reconfig %.3fs", why, cur_s, best.step_s, reconfig)
+        if cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * steps <= reconfig:
+            logger.info("planner keeps %s (%s): %s would take %.1fs/step vs %.1fs, a gain of %.1fs x %d step(s) "
+                        "left after the switch vs the switch's %.1fs", self.current.describe(), why, role_map.describe(),
+                        best.step_s, cur_s, gain, steps, reconfig)
             return None
         self.current, self._steps_on_layout, self._switch = role_map, 0, switch
-        return self._decision(best, role_map, cur_s, switch, why)
+        return self._decision(best, role_map, cur_s, switch, why, f"; the switch's {reconfig:.1f}s paid back over {steps} step(s)")
+
+    def payback_steps(self) -> int:
+        """Steps that would run wholly on a layout switched to now: the remaining steps less those the
+        pipeline has already admitted (`lookahead`), whose rollout runs on the current layout."""
+        return max(0, self.remaining_steps - self.lookahead)
 
     def reconfig_s(self, switch: Switch) -> float:
         """What a switch is expected to cost: the model's figure for its kind, plus the drain when an
@@ -226,11 +251,11 @@ class GlobalPlanner:
         if stats.train_s > 0 and pred_t > 0:
             self.scales.train = (1 - a) * self.scales.train + a * min(1e3, max(1e-3, stats.train_s / pred_t))
 
-    def _decision(self, c: Choice, rm: RoleMap, cur_s: float, switch: Switch, why: str) -> PlanDecision:
+    def _decision(self, c: Choice, rm: RoleMap, cur_s: float, switch: Switch, why: str, payback: str = "") -> PlanDecision:
         details = {"rollout_s": c.rollout_s, "train_s": c.train_s, "sync_s": c.sync_s,
                    "num_trainer": len(rm.trainer_ranks), "train_layout": f"fsdp{len(rm.trainer_ranks)}",
                    "num_moved": switch.moved, "rollout_scale": self.scales.rollout, "train_scale": self.scales.train}
-        reason = f"{why}: {rm.describe()} predicted {c.step_s:.3f}s vs {cur_s:.3f}s"
+        reason = f"{why}: {rm.describe()} predicted {c.step_s:.3f}s vs {cur_s:.3f}s{payback}"
         logger.info("planner %s", reason)
         return PlanDecision(role_map=rm, predicted_step_s=c.step_s, current_step_s=cur_s,
                             reconfig_s=self.reconfig_s(switch), reason=reason, details=details)

@@ -2,7 +2,7 @@
 
 Profile-then-simulate (the Vidur approach): instead of a roofline over published figures, the
 planner and the simulator read the times this machine measured with the real runtime code.
-A profile (JSON, `HardwareProfile.save`) holds, for one model on one device kind:
+A profile (JSON, `HardwareProfile.save`, written atomically) holds, for one model on one device kind:
   - decode: seconds per decode step of the rollout engine, per (batch, context) point, TP 1;
   - prefill: seconds per prefill of N tokens, TP 1;
   - train_tokens_per_s: trainer throughput per number of trainer ranks (FSDP2 over gloo on CPU);
@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -97,9 +98,12 @@ class HardwareProfile:
             raise ValueError(f"profile: malformed value ({exc}); {FIX}") from None
 
     def save(self, path: Path) -> Path:
+        """Write atomically (a temp file renamed into place): a reader never sees half a profile."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, path)
         return path
 
     @classmethod

@@ -143,6 +143,49 @@ def test_a_measured_reconfiguration_cost_must_be_paid_back_too():
     assert dear.reconfig_s(Switch(1, False, False)) == GPU.reconfig_s(1, trainer_moved=False) < gain * 10
 
 
+@pytest.mark.parametrize("steps, lookahead, moves", [
+    (3, 1, False),  # after step 2 of 3 the last step is already admitted: nothing runs on the new layout
+    (3, 0, True),  # a synchronous pipeline admits step 3 after the switch: that step pays it back
+    (4, 1, True),  # step 4 is admitted after the switch
+    (12, 1, True),
+])
+def test_a_move_pays_back_only_over_the_steps_admitted_after_it(steps, lookahead, moves):
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+    # 128 trajectories a step: step 1 only fills the history, step 2 re-plans
+    cfg = PlannerConfig(interval_steps=1, settle_steps=0, min_history_trajectories=256)
+    p = GlobalPlanner(cfg, GPU, 32, remaining_steps=steps, lookahead=lookahead)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+
+    def heavy(step):
+        return StepStats(step=step, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                         role_map=first.role_map)
+
+    p.measured_reconfig_s[True] = 10.0  # a switch costs half a step of the 20 s training
+    assert p.on_step_end(heavy(0), 1.0) is None
+    d = p.on_step_end(heavy(1), 2.0)  # the end of step 2
+    assert p.payback_steps() == max(0, steps - 2 - lookahead)
+    assert (d is not None) == moves
+    if moves:
+        assert len(d.role_map.trainer_ranks) > len(first.role_map.trainer_ranks)
+        assert f"paid back over {steps - 2 - lookahead} step(s)" in d.reason
+
+
+def test_a_split_the_cost_model_cannot_price_is_kept(caplog):
+    lens = _lengths(4, 128, 1500, 1.5, 16000)
+    unpriced = get_cost_model("h200", "qwen3-4b")
+    unpriced.prices_split = False  # what engine/run.py sets on the analytic tables of a CPU run
+    p = GlobalPlanner(PlannerConfig(interval_steps=1), unpriced, 32, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    heavy = StepStats(step=1, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
+                      role_map=first.role_map)
+    with caplog.at_level("INFO", logger="scheduler.planner"):
+        d = p.on_step_end(heavy, 1.0)  # the same step moves ranks to training when the split is priced
+        p.on_step_end(dataclasses.replace(heavy, step=2), 2.0)
+    assert d is None or len(d.role_map.trainer_ranks) == len(first.role_map.trainer_ranks)
+    said = [r.message for r in caplog.records if "cannot price" in r.message]
+    assert len(said) == 1 and "keeps the trainer/rollout split" in said[0]
+
+
 def test_a_switch_says_what_it_moves():
     buckets = BucketsConfig().buckets()
     old = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1), ("short", 1), ("long", 1)), buckets=buckets)
