@@ -24,7 +24,7 @@ to pass `--env.isolation rlimits` and what that lacks.
 
 The interpreter inside is the host's, at the host's paths. The new root binds real paths, so an
 interpreter reached through a symlink (a venv run as /tmp/v/bin/python with /tmp/v -> /work/.venv,
-or a venv under a symlinked dir) would not exist there: `interpreter_aliases` finds the
+or a venv under a symlinked dir) would not exist there: `sandbox_fs.interpreter_aliases` finds the
 interpreter's dirs as the host reaches them (prefixes, each hop of the executable's symlink chain,
 pyvenv.cfg's home) and the new root binds each real dir at that path too. When our interpreter
 still cannot run inside (`check_interpreter`, or the probe failing on it), the RuntimeError is one
@@ -103,57 +103,6 @@ def start_up_check() -> Iterator[None]:
         _start_up.check = False
 
 
-def _interpreter_paths() -> list[str]:
-    """The interpreter's dirs as the host reaches them, symlinks unresolved: the prefixes, the root of
-    each hop of the executable's symlink chain, and the base install a venv's pyvenv.cfg names."""
-    paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
-    link = os.path.abspath(sys.executable)
-    for _ in range(40):  # the kernel's own limit on symlink hops
-        paths.append(os.path.dirname(os.path.dirname(link)))
-        if not os.path.islink(link):
-            break
-        link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
-    for cfg in (Path(sys.prefix) / "pyvenv.cfg", Path(sys.executable).parent.parent / "pyvenv.cfg"):
-        try:
-            home = next((v.strip() for k, _, v in (ln.partition("=") for ln in cfg.read_text().splitlines())
-                         if k.strip() == "home"), "")
-        except OSError:
-            continue
-        if home.startswith("/"):
-            paths.append(os.path.dirname(os.path.normpath(home)))
-    return [os.path.abspath(p) for p in paths]
-
-
-def interpreter_aliases(bound: list[str], clear: str = "") -> list[tuple[str, str]]:
-    """(real dir, symlinked path the host reaches it by) for each interpreter dir reached through a symlink
-    outside the bound dirs, e.g. a venv run as /tmp/v/bin/python where /tmp/v -> /work/.venv. The new
-    root binds only real paths, where /tmp/v would not exist, so it binds the real dir there too: the
-    paths the host hands the sandbox (sys.executable, pyvenv.cfg's home) then resolve inside. An alias
-    that would cover a bound dir or `clear` (the work dirs' root) is left out."""
-    out: dict[str, str] = {}
-    for alias in _interpreter_paths():
-        real = os.path.realpath(alias)
-        if alias in ("/", real) or not os.path.isdir(real) or not any(sfs.under(real, b) for b in bound):
-            continue
-        if any(sfs.under(alias, b) for b in bound):
-            continue  # the symlink itself is visible in a bound dir and resolves to a bound real dir
-        if any(sfs.under(b, alias) for b in bound) or (clear and sfs.under(clear, alias)):
-            continue  # binding there would cover a bound dir or the work dirs
-        out[alias] = real
-    # an alias inside another one is bound with it
-    return sorted((real, a) for a, real in out.items() if not any(a != o and sfs.under(a, o) for o in out))
-
-
-def alias_rows(newroot: Path, aliases: list[tuple[str, str]], hidden: list[str]) -> str:
-    """fstab rows binding each real dir at its alias (after the rows of `sfs.fstab`), and covering the
-    hidden dirs inside it there too."""
-    nr = str(newroot)
-    rows = [f"{sfs._q(real)} {sfs._q(nr + alias)} none bind,ro,nosuid,nodev,X-mount.mkdir 0 0" for real, alias in aliases]
-    rows += [f"none {sfs._q(nr + alias + h[len(real.rstrip('/')):])} tmpfs size=4k,mode=755,nosuid,nodev 0 0"
-             for real, alias in aliases for h in sorted(hidden, key=len) if sfs.under(h, real)]
-    return "".join(r + "\n" for r in rows)
-
-
 class Sandbox:
     """Thread-safe runner of untrusted commands; see the module docstring for the mechanism."""
 
@@ -176,7 +125,7 @@ class Sandbox:
         self._newroot, self._devskel = sfs.runtime_dirs(self._root)
         self._exposed = sfs.interpreter_dirs(cfg.expose_paths)
         bound = [*sfs.SYSTEM_DIRS, *self._exposed]
-        self._aliases = interpreter_aliases(bound, clear=os.path.realpath(self._root))
+        self._aliases = sfs.interpreter_aliases(bound, clear=os.path.realpath(self._root))
         hidden = [*cfg.hidden_paths, *(_DATA_DIRS if cfg.hide_project else ())]
         self._hidden = [h for h in hidden if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
         sup = cg.support() if cfg.use_cgroup else None
@@ -467,8 +416,8 @@ class Sandbox:
         fstab = self._newroot.parent / f"fstab-{uuid.uuid4().hex}"
         hidden = [h for h in self._hidden if not sfs.under(cwd_real, h)]
         fstab.write_text(sfs.fstab(newroot=self._newroot, devskel=self._devskel, cwd=cwd_real, exposed=self._exposed,
-                                   hidden=hidden, tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only)
-                         + alias_rows(self._newroot, self._aliases, hidden))
+                                   hidden=hidden, tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only,
+                                   aliases=self._aliases))
         return sp.ns_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd, cgroup_procs=procs,
                           fstab=fstab, newroot=self._newroot, cwd=cwd_real, command=command), fstab
 

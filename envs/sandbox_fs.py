@@ -3,7 +3,8 @@
 New root, built by one `mount -a` over a per-call fstab inside the call's own mount namespace:
   1. a small tmpfs on the runtime dir's `root/` mount point becomes the new "/";
   2. the system dirs (/usr, /etc, /bin, /sbin, /lib*) and the interpreter's prefixes (plus
-     `expose_paths`) are bound read-only, nosuid, nodev at their own paths;
+     `expose_paths`) are bound read-only, nosuid, nodev at their own paths, and an interpreter dir
+     the host reaches through a symlink also at that path (`interpreter_aliases`);
   3. /dev is a read-only skeleton (empty files, /proc/self/fd links) with null, zero, full,
      random, urandom and tty bound onto it; /proc is the call's own (its PID namespace);
   4. one size-limited tmpfs serves /tmp, /var/tmp and /dev/shm; /run is a private tmpfs;
@@ -81,6 +82,57 @@ def interpreter_dirs(extra: tuple[str, ...] = ()) -> list[str]:
     return [d for d in keep if not any(d != o and under(d, o) for o in keep)]
 
 
+def _interpreter_paths() -> list[str]:
+    """The interpreter's dirs as the host reaches them, symlinks unresolved: the prefixes, the root of
+    each hop of the executable's symlink chain, and the base install a venv's pyvenv.cfg names."""
+    paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
+    link = os.path.abspath(sys.executable)
+    for _ in range(40):  # the kernel's own limit on symlink hops
+        paths.append(os.path.dirname(os.path.dirname(link)))
+        if not os.path.islink(link):
+            break
+        link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    for cfg in (Path(sys.prefix) / "pyvenv.cfg", Path(sys.executable).parent.parent / "pyvenv.cfg"):
+        try:
+            home = next((v.strip() for k, _, v in (ln.partition("=") for ln in cfg.read_text().splitlines())
+                         if k.strip() == "home"), "")
+        except OSError:
+            continue
+        if home.startswith("/"):
+            paths.append(os.path.dirname(os.path.normpath(home)))
+    return [os.path.abspath(p) for p in paths]
+
+
+def interpreter_aliases(bound: list[str], clear: str = "") -> list[tuple[str, str]]:
+    """(real dir, symlinked path the host reaches it by) for each interpreter dir reached through a symlink
+    outside the bound dirs, e.g. a venv run as /tmp/v/bin/python where /tmp/v -> /work/.venv. The new
+    root binds only real paths, where /tmp/v would not exist, so it binds the real dir there too: the
+    paths the host hands the sandbox (sys.executable, pyvenv.cfg's home) then resolve inside. An alias
+    that would cover a bound dir or `clear` (the work dirs' root) is left out."""
+    out: dict[str, str] = {}
+    for alias in _interpreter_paths():
+        real = os.path.realpath(alias)
+        if alias in ("/", real) or not os.path.isdir(real) or not any(under(real, b) for b in bound):
+            continue
+        if any(under(alias, b) for b in bound):
+            continue  # the symlink itself is visible in a bound dir and resolves to a bound real dir
+        if any(under(b, alias) for b in bound) or (clear and under(clear, alias)):
+            continue  # binding there would cover a bound dir or the work dirs
+        out[alias] = real
+    # an alias inside another one is bound with it
+    return sorted((real, a) for a, real in out.items() if not any(a != o and under(a, o) for o in out))
+
+
+def _alias_rows(newroot: Path, aliases: list[tuple[str, str]], hidden: list[str]) -> list[str]:
+    """fstab rows binding each real dir at its alias (after the other rows), and covering the hidden dirs
+    inside it there too."""
+    nr = str(newroot)
+    rows = [f"{_q(real)} {_q(nr + alias)} none bind,ro,nosuid,nodev,X-mount.mkdir 0 0" for real, alias in aliases]
+    rows += [f"none {_q(nr + alias + h[len(real.rstrip('/')):])} tmpfs size=4k,mode=755,nosuid,nodev 0 0"
+             for real, alias in aliases for h in sorted(hidden, key=len) if under(h, real)]
+    return rows
+
+
 def world_executable(path: str) -> bool:
     """Whether any uid may run `path`: the file and every dir above it are executable by others."""
     real = os.path.realpath(path)
@@ -93,8 +145,9 @@ def world_executable(path: str) -> bool:
 
 
 def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden: list[str],
-          tmpfs_mb: int, cwd_read_only: bool = False) -> str:
-    """The mounts that build the new root, in an order where every parent comes first."""
+          tmpfs_mb: int, cwd_read_only: bool = False, aliases: list[tuple[str, str]] = ()) -> str:
+    """The mounts that build the new root, in an order where every parent comes first; `aliases`
+    (`interpreter_aliases`) bind interpreter dirs again at the symlinked paths the host reaches them by."""
     nr = str(newroot)
     ro = "bind,ro,nosuid,nodev,X-mount.mkdir"
     rows = [f"none {_q(nr)} tmpfs size=1m,mode=755,nosuid,nodev 0 0"]
@@ -112,6 +165,7 @@ def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden:
     rows += [f"{_q(d)} {_q(nr + d)} none {ro} 0 0" for d in sorted(exposed, key=len)]
     rows.append(f"{_q(cwd)} {_q(nr + cwd)} none bind,{'ro,' if cwd_read_only else ''}nosuid,nodev,X-mount.mkdir 0 0")
     rows += [f"none {_q(nr + h)} tmpfs size=4k,mode=755,nosuid,nodev 0 0" for h in sorted(hidden, key=len)]
+    rows += _alias_rows(newroot, list(aliases), hidden)
     return "\n".join(rows) + "\n"
 
 
