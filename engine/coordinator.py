@@ -23,8 +23,8 @@ Algorithm:
      changed trainer group saves its state for the new one, every rank rebuilds its groups,
      and the parked requests are re-added.
   5. A stop (SIGTERM/SIGHUP/SIGINT, forwarded by the launcher: `engine/launch.py`) ends the run at
-     the next step boundary the way its end does: in-flight work cancelled, a checkpoint of the
-     last trained step, the trace and the summary (`stopped_by`). The trace is also rewritten
+     once (a training step first finishes) the way its end does: in-flight work cancelled, a
+     checkpoint of the last trained step, the trace and the summary (`stopped_by`). The trace is also rewritten
      every `TRACE_EVERY_S`, so a killed run keeps one; a resumed run continues the clock, trace,
      ledger and output files of the checkpoint it starts from.
 
@@ -203,7 +203,7 @@ class Coordinator:
         return self.shutdown()
 
     def _stopping(self) -> bool:
-        """A stop signal reached this process (the launcher forwards its own): end at this step boundary."""
+        """A stop signal reached this process (the launcher forwards its own): end the run now."""
         signame = stop_requested()
         if signame:
             log.warning("[libra] %s: stopping after step %d of %d; writing its checkpoint, the trace and the summary",

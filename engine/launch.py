@@ -14,8 +14,9 @@ kills the others (SIGKILL to each child's process group) and raises `WorkerFaile
 rank and role. `run_in_torchrun` is the same child path for processes that torchrun started.
 
 Stop signals (Ctrl-C's SIGINT, SIGTERM, SIGHUP) stop a run gracefully, whoever gets them: the
-coordinator (rank 0) takes one as a stop request (`stop_requested()`: it ends the run at the next
-step boundary with a checkpoint, the trace and the summary), workers ignore them (the coordinator
+coordinator (rank 0) takes one as a stop request (`stop_requested()`: it ends the run at once, a
+training step first finishing, with a checkpoint of the last trained step, the trace and the
+summary), workers ignore them (the coordinator
 stops them), and the launcher forwards its own to the coordinator, waits up to `stop_grace_s` for
 every rank to finish, then kills them all (at once on a second signal). The exception it raised
 carries the results (`.results`, None when the ranks did not finish in time). So `kill PID`, a
@@ -112,7 +113,7 @@ def _ignore(_signum, _frame) -> None:
 
 
 def _route_stop_signals(rank: int) -> None:
-    """The coordinator takes a stop signal as a request to stop at the next step boundary; a worker
+    """The coordinator takes a stop signal as a request to stop (`stop_requested`); a worker
     ignores it: the coordinator stops it (or, past the grace time, the launcher kills it)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _note_stop if rank == 0 else _ignore)
@@ -206,8 +207,8 @@ def _stop_gracefully(procs, out_q, observer: Mailbox, stop: KeyboardInterrupt, g
     signum = getattr(stop, "signum", signal.SIGINT)
     if grace_s <= 0 or not procs or procs[0].exitcode is not None:
         return None
-    log.warning("libra: %s: stopping at the next step boundary (checkpoint, trace, summary) within %.0f s; "
-                "send it again to stop at once", signal.Signals(signum).name, grace_s)
+    log.warning("libra: %s: stopping; the ranks get %.0f s to checkpoint the last trained step and write the trace "
+                "and the summary (send it again to kill them now)", signal.Signals(signum).name, grace_s)
     try:
         os.kill(procs[0].pid, signum)
         return _wait(procs, out_q, observer, deadline=time.monotonic() + grace_s)
