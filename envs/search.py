@@ -29,12 +29,20 @@ import json
 import random
 import re
 import string
+import threading
 from dataclasses import dataclass
 
 import bm25s
+from tqdm.std import tqdm
 
 from envs.base import Episode, Task, ToolCall, ToolCallError, ToolResult, dispatch, failure, system_prompt, tool_schema
 from envs.datasets import load_verl_tasks
+
+# bm25s wraps its loops in tqdm even with progress off, and tqdm's first bar makes a multiprocessing
+# lock: a POSIX semaphore that a rank (which ends with os._exit, as multiprocessing children do) never
+# frees, so the resource tracker warned of a leaked semaphore after every search run. A thread lock
+# serves here: nothing prints bars from several processes.
+tqdm.set_lock(threading.RLock())
 
 _SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sel", "dun", "bri", "mar", "qu", "zen", "fal", "nor", "el", "is", "an", "gor", "thu", "vel", "pri", "os", "ul", "dra")
 # (relation, subject type, object type, question phrase of the object, document sentence)
