@@ -223,9 +223,9 @@ class RolloutEngine:
         if not self.runner.is_leader:
             self._leader_idle = self.runner.serve_step()
             return []
-        for rid in self._pending_drops:
-            self.runner.drop(rid)
-        self._pending_drops.clear()
+        if self._pending_drops:
+            self.runner.drop(list(self._pending_drops))
+            self._pending_drops.clear()
         events: list = []
         self._collect(events)
         self._join(events)
@@ -238,8 +238,7 @@ class RolloutEngine:
     def _interrupt_for_recompute(self) -> None:
         """Drop every request's KV; running ones rejoin first and re-prefill their tokens on the new weights."""
         running = list(self.runner.rows)
-        for rid in running + list(self.runner.parked):
-            self.runner.drop(rid)
+        self.runner.drop(running + list(self.runner.parked))
         for rid in reversed(running):
             self.seqs[rid].phase = "ready"
             self.ready.appendleft(rid)
@@ -302,7 +301,7 @@ class RolloutEngine:
             results = fut.result()
         except ToolInfraError as e:
             log.warning("[libra rollout:%d] %s: tool infrastructure failed: %s", self.instance_id, seq.req.request_id, e)
-            self.runner.drop(seq.req.request_id)
+            self.runner.drop([seq.req.request_id])
             self._finish(seq, "tool_infra", score=False)
             return
         self._apply_results(seq, results, events)
@@ -315,14 +314,14 @@ class RolloutEngine:
         if any(res.done for res, _ in results):
             outcome_events = [ToolReturned(rid, res.outcome(), len(seq.ids)) for res, _ in results]
             events.extend(outcome_events)
-            self.runner.drop(rid)
+            self.runner.drop([rid])
             self._finish(seq, "submit")
             return
         for tok in render_tool_response(self.tokenizer, [res.text for res, _ in results], close_turn=seq.close_turn):
             seq.append(tok, 0, 0.0, -1)
         events.extend(ToolReturned(rid, res.outcome(), len(seq.ids)) for res, _ in results)
         if len(seq.ids) >= self.cfg.max_total_tokens:
-            self.runner.drop(rid)
+            self.runner.drop([rid])
             self._finish(seq, "max_tokens")
             return
         seq.st.num_turns += 1
@@ -337,12 +336,14 @@ class RolloutEngine:
             return
         seqs = [self.seqs[r] for r in rids]
         logits = self.runner.prefill(rids, [s.ids[self.runner.cached_len(r):] for r, s in zip(rids, seqs)])
-        admitted = []
+        admitted, done = [], []
         for rid, seq, (token, logprob) in zip(rids, seqs, self._sample(logits, seqs)):
             if self._advance(seq, token, logprob, events):
                 admitted.append(rid)
             elif seq.phase != "tool":
-                self.runner.drop(rid)
+                done.append(rid)
+        if done:
+            self.runner.drop(done)
         if admitted:
             self.runner.admit(admitted)
             for rid in admitted:
@@ -356,9 +357,8 @@ class RolloutEngine:
         parked = [r for r in leave if r in self.seqs and self.seqs[r].phase == "tool"]
         if parked:
             self.runner.park(parked)
-        for r in leave:
-            if r not in parked:
-                self.runner.drop(r)
+        if finished := [r for r in leave if r not in parked]:
+            self.runner.drop(finished)  # one copy of the batch, however many rows finish together
 
     def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[tuple[int, float]]:
         t = self.cfg.temperature

@@ -82,9 +82,10 @@ class BatchRunner:
         self._send(("park", rids))
         self._park(rids)
 
-    def drop(self, rid: str) -> None:
-        self._send(("drop", rid))
-        self._drop(rid)
+    def drop(self, rids: list[str]) -> None:
+        """Forget these requests' KV, batched or parked: one copy of the batch however many leave."""
+        self._send(("drop", rids))
+        self._drop(rids)
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
         self._send(("decode", tokens))
@@ -153,10 +154,12 @@ class BatchRunner:
                 self.parked[rid] = ([(lay.keys[i : i + 1, :, -n:], lay.values[i : i + 1, :, -n:]) for lay in self.cache.layers], n)
         self._keep([i for i, r in enumerate(self.rows) if r not in leave])
 
-    def _drop(self, rid: str) -> None:
-        self.parked.pop(rid, None)
-        if rid in self.rows:
-            self._keep([i for i, r in enumerate(self.rows) if r != rid])
+    def _drop(self, rids: list[str]) -> None:
+        leave = set(rids)
+        for rid in leave:
+            self.parked.pop(rid, None)
+        if leave.intersection(self.rows):
+            self._keep([i for i, r in enumerate(self.rows) if r not in leave])
 
     def _keep(self, idx: list[int]) -> None:
         self.rows = [self.rows[i] for i in idx]
