@@ -217,9 +217,10 @@ class GlobalPlanner:
         reconfig, steps = self.reconfig_s(switch), self.payback_steps()
         gain = cur_s - best.step_s
         if cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * steps <= reconfig:
-            logger.info("planner keeps %s (%s): %s would take %.1fs/step vs %.1fs, a gain of %.1fs x %d step(s) "
-                        "left after the switch vs the switch's %.1fs", self.current.describe(), why, role_map.describe(),
-                        best.step_s, cur_s, gain, steps, reconfig)
+            if logger.isEnabledFor(logging.INFO):  # the simulator asks this thousands of times: no describe() then
+                logger.info("planner keeps %s (%s): %s would take %.1fs/step vs %.1fs, a gain of %.1fs x %d step(s) "
+                            "left after the switch vs the switch's %.1fs", self.current.describe(), why, role_map.describe(),
+                            best.step_s, cur_s, gain, steps, reconfig)
             return None
         self.current, self._steps_on_layout, self._switch = role_map, 0, switch
         return self._decision(best, role_map, cur_s, switch, why, f"; the switch's {reconfig:.1f}s paid back over {steps} step(s)")

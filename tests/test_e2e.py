@@ -126,14 +126,14 @@ def _metric_rows(out: Path) -> int:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_trains_the_same_tasks(tmp_path):
-    common = ("--steps", "6", "--system", "static", "--step.checkpoint-every", "1")
+    common = ("--steps", "12", "--system", "static", "--step.checkpoint-every", "1")
     ref = tmp_path / "ref"
     proc = _spawn(ref, *common)
     assert proc.wait(timeout=300) == 0, proc.stdout.read()[-3000:]
     expected = json.loads((ref / "summary.json").read_text())["trained_task_ids"]
 
     out = tmp_path / "killed"
-    proc = _spawn(out, *common, "--steps", "200")  # killed long before its end (--resume runs it to 6)
+    proc = _spawn(out, *common, "--steps", "200")  # killed long before its end (--resume runs it to 12)
     _wait_until(lambda: (c := checkpoint.latest(out)) is not None and checkpoint.load(c).step >= 3, 240, proc)
     pids = _tree(proc)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -141,7 +141,7 @@ def test_resume_after_sigkill_trains_the_same_tasks(tmp_path):
     time.sleep(1.0)
     assert _survivors(pids) == []
     ckpt = checkpoint.load(checkpoint.latest(out))
-    assert 3 <= ckpt.step < 6, f"killed at step {ckpt.step}: too late to test a resume"
+    assert 3 <= ckpt.step < 12, f"killed at step {ckpt.step}: too late to test a resume"
     ckpt_wall_s = ckpt.wall_s
     resumed = subprocess.run([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search", *common,
                               "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -151,7 +151,7 @@ def test_resume_after_sigkill_trains_the_same_tasks(tmp_path):
 
     # the record stays true over both segments: one row per step on one clock, throughput over the run
     rows = read_metrics(out)
-    assert [m["step"] for m in rows] == list(range(1, 7)) and summary["steps"] == 6
+    assert [m["step"] for m in rows] == list(range(1, 13)) and summary["steps"] == 12
     assert summary["resumed_from_step"] == ckpt.step
     times = [m["time_s"] for m in rows]
     assert times == sorted(times) and times[ckpt.step] > ckpt_wall_s
@@ -159,12 +159,12 @@ def test_resume_after_sigkill_trains_the_same_tasks(tmp_path):
     assert summary["wall_s"] >= times[-1] > ckpt_wall_s
     assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / summary["wall_s"])
     ledger = summary["ledger"]
-    assert ledger["trained"] == 6 * 4 and ledger["started"] == ledger["trained"] + sum(ledger["dropped"].values())
+    assert ledger["trained"] == 12 * 4 and ledger["started"] == ledger["trained"] + sum(ledger["dropped"].values())
     samples = [json.loads(x)["step"] for x in (out / "trajectories_sample.jsonl").read_text().splitlines()]
     assert sorted(samples) == samples and max(samples.count(k) for k in set(samples)) <= 2  # trajectories_logged_per_step
     spans = [e for e in json.loads((out / "trace.json").read_text())["traceEvents"] if e["name"].startswith("train step")]
-    assert sorted(e["name"] for e in spans) == sorted(f"train step {k}" for k in range(1, 7))
-    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-000005", "step-000006"]  # --step.keep-checkpoints 2
+    assert sorted(e["name"] for e in spans) == sorted(f"train step {k}" for k in range(1, 13))
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-000011", "step-000012"]  # --step.keep-checkpoints 2
 
 
 @pytest.mark.slow
@@ -194,7 +194,7 @@ def _rank_of(out: Path, role: str) -> dict:
 @pytest.mark.slow
 def test_a_stopped_rank_is_named_and_the_run_goes_on_when_it_is_back(tmp_path):
     out = tmp_path / "run"
-    proc = _spawn(out, "--steps", "10", "--system", "static", "--launch.straggler-s", "2")
+    proc = _spawn(out, "--steps", "30", "--system", "static", "--launch.straggler-s", "2")
     _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
     victim = _rank_of(out, "rollout")
     os.kill(victim["pid"], signal.SIGSTOP)
@@ -204,7 +204,7 @@ def test_a_stopped_rank_is_named_and_the_run_goes_on_when_it_is_back(tmp_path):
     text = proc.stdout.read()
     assert f"rank {victim['rank']} ({victim['role']}) sent no heartbeat for" in text, text[-3000:]
     assert f"rank {victim['rank']} ({victim['role']}) is back after" in text, text[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == 10
+    assert json.loads((out / "summary.json").read_text())["steps"] == 30
 
 
 @pytest.mark.slow
