@@ -8,7 +8,7 @@ SIGTERM and SIGHUP to the launcher, SIGTERM to every process (systemd, Slurm), S
 coordinator, a rollout rank and a trainer rank, SIGSTOP of a rollout rank for 8 s (then SIGCONT),
 SIGSTOP of a trainer past `--launch.rank-timeout-s 6`, a full disk (the run directory on a 3 MB
 tmpfs: root only), and torn checkpoints (a newest one without its marker, and one whose trainer.pt
-was cut short). Takes about 3 minutes on 2 cores.
+was cut short). Takes about 5 minutes on 2 cores.
 """
 
 from __future__ import annotations
