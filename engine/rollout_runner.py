@@ -104,9 +104,32 @@ class BatchRunner:
     # ---- implementations (all ranks) ----------------------------------------------------
     @torch.no_grad()
     def _prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
+        # a GRPO group's samples start from one prompt: each distinct fresh prompt is prefilled once and
+        # its KV shared (nothing writes a parked KV in place: a batch change copies it into a new cache)
+        pasts = [self.parked.pop(r, (None, 0)) for r in rids]
+        first: dict[tuple[int, ...], int] = {}
+        row_of: list[int] = []  # row i's KV and logits are those of computed row row_of[i]
+        for i, ((_, n), new) in enumerate(zip(pasts, new_lists)):
+            key = tuple(new) if n == 0 else None
+            if key is None or key not in first:
+                if key is not None:
+                    first[key] = i
+                row_of.append(i)
+            else:
+                row_of.append(first[key])
+        todo = sorted(set(row_of))
+        if len(todo) < len(rids):
+            logits = self._prefill_rows([rids[i] for i in todo], [pasts[i] for i in todo], [new_lists[i] for i in todo])
+            where = {i: k for k, i in enumerate(todo)}
+            for i, rid in enumerate(rids):
+                if row_of[i] != i:
+                    self.parked[rid] = self.parked[rids[row_of[i]]]
+            return logits[[where[j] for j in row_of]]
+        return self._prefill_rows(rids, pasts, new_lists)
+
+    def _prefill_rows(self, rids: list[str], pasts: list, new_lists: list[list[int]]) -> torch.Tensor:
         # layout per row: [pad][parked KV][pad][new tokens]; the mask hides both pads and
         # explicit positions keep RoPE exact, then each row is compacted back to its valid columns
-        pasts = [self.parked.pop(r, (None, 0)) for r in rids]
         width_past, width_new = max(n for _, n in pasts), max(map(len, new_lists))
         cache = DynamicCache(ddp_cache_data=self._stack_left(pasts, width_past)) if width_past else DynamicCache()
         mask = torch.zeros(len(rids), width_past + width_new, dtype=torch.long)

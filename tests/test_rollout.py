@@ -239,3 +239,26 @@ def test_an_update_recomputes_in_flight_kv_only_when_asked(recompute):
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
         RolloutConfig(**kw)
+
+
+def test_a_groups_shared_prompt_is_prefilled_once_and_its_kv_shared(tiny):
+    from engine.rollout_runner import BatchRunner
+
+    model, _ = tiny
+    rows_seen = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        shared, alone = BatchRunner(model, device="cpu"), BatchRunner(model, device="cpu")
+        prompt, other = list(range(3, 40)), list(range(5, 20))
+        logits = shared.prefill(["g0", "g1", "g2", "x", "g3"], [prompt, prompt, prompt, other, prompt])
+        assert rows_seen == [2]  # the group's prompt and the other one
+        ref = alone.prefill(["g0"], [prompt])
+    finally:
+        hook.remove()
+    assert all(torch.equal(logits[i], logits[0]) for i in (1, 2, 4))
+    assert torch.allclose(logits[0], ref[0], atol=1e-5)
+    assert all(shared.parked[r] is shared.parked["g0"] for r in ("g1", "g2", "g3"))
+    # the group then decodes as four independent rows
+    shared.admit(["g0", "g1", "g2", "x", "g3"])
+    out = shared.decode([7, 8, 7, 9, 8])
+    assert torch.equal(out[0], out[2]) and torch.equal(out[1], out[4]) and not torch.equal(out[0], out[1])
