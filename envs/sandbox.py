@@ -28,9 +28,9 @@ or a venv under a symlinked dir) would not exist there: `sandbox_fs.interpreter_
 interpreter's dirs as the host reaches them (prefixes, each hop of the executable's symlink chain,
 pyvenv.cfg's home) and the new root binds each real dir at that path too. When our interpreter
 still cannot run inside (`check_interpreter`, or the probe failing on it), the RuntimeError is one
-line naming the cause, never the namespaces: the first dir or file on the way that the sandbox
-uid cannot enter or read (with the chmod that fixes it), a module the interpreter lacks or takes
-from a dir the sandbox does not bind, or a symlink that cannot be bound. The launcher builds the
+line naming the cause, never the namespaces (`envs/sandbox_access.py` finds it: the first dir or
+file on the way that the sandbox uid cannot enter or read, a module the interpreter lacks or takes
+from a dir the sandbox does not bind, or a symlink that cannot be bound). The launcher builds the
 run's env once before any rank starts, inside `start_up_check()` (engine/preflight.py), so these
 errors end a run as that one line.
 
@@ -44,13 +44,10 @@ is a one-line error naming the path.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -61,6 +58,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from envs import sandbox_access as access
 from envs import sandbox_cgroup as cg
 from envs import sandbox_fs as sfs
 from envs import sandbox_guard
@@ -83,14 +81,6 @@ _probe_cache: dict[tuple, str | None] = {}
 _warned: set[str] = set()
 _interpreter_ok: set[tuple] = set()
 _start_up = threading.local()
-_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
-
-
-def _one_line(text: str) -> str:
-    """A command's output as one line of an error message (its lines joined by ' | ')."""
-    return " | ".join(ln.strip() for ln in text.strip().splitlines() if ln.strip())
-
-
 @contextmanager
 def start_up_check() -> Iterator[None]:
     """Sandboxes built inside are the launcher's start-up check of the run's env (engine/preflight.py):
@@ -163,9 +153,9 @@ class Sandbox:
         why = self._probe_namespaces()
         if why is not None:
             # the chain may have failed to start our interpreter (the guard): not a namespace problem
-            unbound, blocked = self._not_bound(), self._interpreter_blocked(use_ns=True)
-            if unbound or blocked:
-                raise RuntimeError(self._cannot_run(os.path.abspath(sys.executable), unbound or blocked, True, bool(blocked)))
+            why_not = access.interpreter_unusable(self._user(), use_ns=True)
+            if why_not:
+                raise RuntimeError(why_not)
             raise RuntimeError(
                 f"sandbox: user/PID/network/mount namespaces do not work here ({why}); isolation={self.cfg.isolation!r} "
                 f"needs them. Pass --env.isolation rlimits to run anyway, which lacks: {self._rlimits_lacks()}")
@@ -227,9 +217,9 @@ class Sandbox:
                 with self.workdir("probe") as w:
                     try:
                         r = self._run_locked(["true"], w, 10.0, None, None, use_ns=True)
-                        why = None if r.returncode == 0 else f"`true` exited {r.returncode}: {_one_line(r.stderr)[:200]}"
+                        why = None if r.returncode == 0 else f"`true` exited {r.returncode}: {access.one_line(r.stderr)[:200]}"
                     except ToolInfraError as e:
-                        why = _one_line(str(e))[:300]
+                        why = access.one_line(str(e))[:300]
             _probe_cache[key] = why
             return why
 
@@ -281,6 +271,10 @@ class Sandbox:
         except OSError as e:
             raise ToolInfraError(f"sandbox: could not remove the work dir {path}: {e}") from e
 
+    def _user(self) -> access.SandboxUser:
+        return access.SandboxUser(uid=self._uid, gid=self._gid, as_root=self._as_root, exposed=tuple(self._exposed),
+                                  aliases=tuple(self._aliases))
+
     def check_interpreter(self, args: list[str], what: str) -> None:
         """RuntimeError unless `python ARGS` (this interpreter) succeeds inside; once per sandbox layout.
         The error is one line naming the cause (a path the sandbox uid cannot read, a module the
@@ -292,100 +286,12 @@ class Sandbox:
         with self.workdir("probe") as w:
             r = self.run([sys.executable, *args], cwd=w, timeout_s=30.0)
         if r.returncode == sandbox_guard.GUARD_FAILED:
-            raise RuntimeError(f"sandbox: {_one_line(r.stderr)[-300:]}; the kernel must allow seccomp filters "
+            raise RuntimeError(f"sandbox: {access.one_line(r.stderr)[-300:]}; the kernel must allow seccomp filters "
                                "(CONFIG_SECCOMP_FILTER, and no container profile that forbids them)")
         if r.returncode != 0:
-            raise RuntimeError(self._why_cannot_run(r, what))
+            raise RuntimeError(access.why_cannot_run(self._user(), r, what, use_ns=self._use_ns))
         with _probe_lock:
             _interpreter_ok.add(key)
-
-    def _why_cannot_run(self, r: SandboxResult, what: str) -> str:
-        exe = os.path.abspath(sys.executable)
-        unbound = self._not_bound() if self._use_ns else None
-        if unbound:
-            return self._cannot_run(exe, unbound, self._use_ns, False)
-        blocked = self._interpreter_blocked(self._use_ns)
-        if blocked:
-            return self._cannot_run(exe, blocked, self._use_ns)
-        missing = _MISSING_MODULE.search(r.output)
-        where = f"sandbox ({'namespaces' if self._use_ns else 'rlimits'}, uid {self._uid}) cannot run {exe} with {what}"
-        if missing:
-            name = missing.group(1).split(".")[0]
-            spec = importlib.util.find_spec(name)
-            if spec is None or not spec.origin:
-                return f"{where}: this interpreter has no module {name!r}; install it into it (`{exe} -m pip install {name}`)"
-            origin = os.path.realpath(spec.origin)
-            blocked = self._blocked(origin, self._use_ns)
-            if blocked:
-                return self._cannot_run(exe, blocked, self._use_ns)
-            if self._use_ns and not any(sfs.under(origin, d) for d in (*sfs.SYSTEM_DIRS, *self._exposed)):
-                return (f"{where}: {name} comes from {origin}, outside the interpreter's dirs that the sandbox binds "
-                        f"({', '.join(self._exposed)}); install {name} into this interpreter (`{exe} -m pip install {name}`)")
-        return (f"{where} (exit {r.returncode}: {_one_line(r.output)[-200:]}); install the venv where uid {self._uid} "
-                f"can read it (not under /root or a 0700 home){'' if self._use_ns else ', or use --env.isolation auto'}")
-
-    def _cannot_run(self, exe: str, why: str, use_ns: bool, unreadable: bool = True) -> str:
-        head = f"sandbox ({'namespaces' if use_ns else 'rlimits'}, uid {self._uid}) cannot run {exe}: {why}"
-        if not unreadable:
-            return head
-        return (f"{head}, or install the venv where uid {self._uid} can read it (not under /root or a 0700 home)"
-                f"{'' if use_ns else ', or use --env.isolation auto'}")
-
-    def _not_bound(self) -> str | None:
-        """Namespace mode: why the path of our interpreter does not exist in the new root, or None."""
-        exe_dir = os.path.dirname(os.path.abspath(sys.executable))
-        inside = (*sfs.SYSTEM_DIRS, *self._exposed, *(alias for _, alias in self._aliases))
-        if any(sfs.under(exe_dir, d) for d in inside):
-            return None
-        real_dir = os.path.realpath(exe_dir)
-        if real_dir == exe_dir:
-            return None
-        return (f"its path does not exist inside: {exe_dir} is reached through a symlink to {real_dir} that cannot be "
-                f"bound at its own path; fix: run the venv by its real path, {real_dir}/{os.path.basename(sys.executable)}")
-
-    def _interpreter_blocked(self, use_ns: bool) -> str | None:
-        """Why the sandbox uid cannot use the interpreter's files (its executable, prefixes), or None."""
-        for path in (sys.executable, sys.prefix, sys.base_prefix):
-            why = self._blocked(path, use_ns)
-            if why:
-                return why
-        return None
-
-    def _blocked(self, path: str, use_ns: bool) -> str | None:
-        """The first dir on the way to `path` that the sandbox uid cannot enter, or `path` itself when it
-        cannot read (a dir, a plain file) or run (an executable) it. In namespace mode only what the new
-        root binds counts (it makes the dirs above); in rlimits mode the path as written counts too."""
-        real = os.path.realpath(path)
-        roots = (*sfs.SYSTEM_DIRS, *self._exposed)
-        for chain in ([real] if use_ns else [os.path.abspath(path), real]):
-            parts = chain.split("/")
-            for i in range(2, len(parts) + 1):
-                comp = "/".join(parts[:i])
-                if use_ns and not any(sfs.under(comp, d) for d in roots):
-                    continue
-                try:
-                    st = os.stat(comp)
-                except OSError as e:
-                    return f"{comp} cannot be read ({e.strerror})"
-                is_dir, leaf = stat.S_ISDIR(st.st_mode), i == len(parts)
-                need = (os.X_OK if not leaf else os.R_OK | os.X_OK if is_dir else os.X_OK if st.st_mode & 0o111 else os.R_OK)
-                if not self._may(comp, st, need):
-                    verb = "enter" if is_dir and not leaf else "run" if need == os.X_OK else "read"
-                    bits = "x" if need == os.X_OK else "r" if need == os.R_OK else "rx"
-                    way = f", on the way to {chain}" if comp != chain else ""
-                    real_of = f" (the real path of {path})" if chain == real and real != os.path.abspath(path) else ""
-                    return (f"uid {self._uid} cannot {verb} {comp} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
-                            f"{st.st_uid}){way}{real_of}; fix: `chmod o+{bits} {comp}`")
-        return None
-
-    def _may(self, path: str, st: os.stat_result, need: int) -> bool:
-        """Whether the sandbox uid has `need` (os.R_OK | os.X_OK) on `path`: our own access when it is our uid,
-        else the mode bits of the class it falls in (it runs with no supplementary groups)."""
-        if not self._as_root:
-            return os.access(path, need)
-        bits = (4 if need & os.R_OK else 0) | (1 if need & os.X_OK else 0)
-        shift = 6 if st.st_uid == self._uid else 3 if st.st_gid == self._gid else 0
-        return (st.st_mode >> shift) & bits == bits
 
     @contextmanager
     def workdir(self, prefix: str = "task", *, owned: bool = True) -> Iterator[Path]:
