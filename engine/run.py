@@ -47,24 +47,27 @@ def valid_tp_degrees(cfg) -> tuple[int, ...]:
     return tuple(ok)
 
 
-def cost_model_for(cfg, info: DeviceInfo):
+def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
     """The planner's cost model, by `--planner.profile`: this machine's measured profile (auto, refresh:
     measured once per model and machine and cached, engine/profile_cache.py), a profile file, or the
     analytic tables (none; and auto on a device bench.profile cannot measure). Logs one line saying which.
 
-    Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), best before the
-    ranks start: the workers wait for the coordinator's first role map for at most --launch.timeout-s."""
+    Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), so the launcher
+    calls this before the ranks start (the workers wait for the coordinator's first role map for at most
+    --launch.timeout-s). The coordinator then calls it `resolved`: it reads what the launcher cached,
+    never measures (not even for refresh) and says nothing more."""
     from scheduler.profile import ProfiledCostModel, load_cost_model
     from scheduler.systems import get_system
 
     if not get_system(cfg.run.system).planner:  # nothing plans: measure nothing, say nothing
         return _analytic_cost_model(cfg.run.model, info.kind)
     mode = cfg.planner.profile or "none"
+    say = log.debug if resolved else log.info
     if mode in ("auto", "refresh") and info.kind == "cpu":
         from engine.profile_cache import cached_profile
 
-        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh")
-        log.info("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
+        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh" and not resolved)
+        say("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
                  "none plans on the analytic tables)", path, how)
         return ProfiledCostModel(profile)
     if mode not in ("auto", "refresh", "none"):
@@ -73,15 +76,15 @@ def cost_model_for(cfg, info: DeviceInfo):
             raise ValueError(f"--planner.profile {mode} measured {cost.profile.model} on {cost.profile.device}, "
                              f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
                              f"`python -m bench.profile --model {cfg.run.model}`, or pass --planner.profile auto")
-        log.info("[libra] planner costs: the profile %s", mode)
+        say("[libra] planner costs: the profile %s", mode)
         return cost
     cost = _analytic_cost_model(cfg.run.model, info.kind)
     if info.kind == "cpu":  # the tables treat each rank as a device of its own; here they share the cores
         cost.prices_split = False  # the planner keeps the trainer/rollout split (scheduler/planner.py, 5.)
-        log.info("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
+        say("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
                  "ranks between training and rollout on shared cores, so the planner keeps the split")
     else:
-        log.info("[libra] planner costs: the analytic %s tables (bench.profile measures CPU runs only; pass "
+        say("[libra] planner costs: the analytic %s tables (bench.profile measures CPU runs only; pass "
                  "--planner.profile PATH for a measured one)", cost.hw.name)
     return cost
 
@@ -170,7 +173,7 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | Non
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
     planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg))
-    planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info), remaining, planner_cfg,
+    planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info, resolved=True), remaining, planner_cfg,
                            current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
                             get_system(cfg.run.system))
