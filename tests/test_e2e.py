@@ -195,17 +195,18 @@ def _rank_of(out: Path, role: str) -> dict:
 @pytest.mark.slow
 def test_a_stopped_rank_is_named_and_the_run_goes_on_when_it_is_back(tmp_path):
     out = tmp_path / "run"
-    proc = _spawn(out, "--steps", "30", "--system", "static", "--launch.straggler-s", "2")
+    proc = _spawn(out, "--steps", "60", "--system", "static", "--launch.straggler-s", "2")
     _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
     victim = _rank_of(out, "rollout")
     os.kill(victim["pid"], signal.SIGSTOP)
+    assert _metric_rows(out) < 60, "the run ended before the fault: give it more steps"
     time.sleep(8.0)
     os.kill(victim["pid"], signal.SIGCONT)
     assert proc.wait(timeout=240) == 0
     text = proc.stdout.read()
     assert f"rank {victim['rank']} ({victim['role']}) sent no heartbeat for" in text, text[-3000:]
     assert f"rank {victim['rank']} ({victim['role']}) is back after" in text, text[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == 30
+    assert json.loads((out / "summary.json").read_text())["steps"] == 60
 
 
 @pytest.mark.slow
