@@ -1,4 +1,4 @@
-"""GRPO tensor math: group advantages, token log-probs, PPO-clip loss, KL penalty.
+"""GRPO tensor math: group advantages, token log-probs (whole or chunked), PPO-clip loss, KL penalty.
 
 Pure functions over tensors: no process groups, no models, no optimizer. The trainer
 (`engine/trainer.py`) feeds them micro-batches and passes the *global* denominators (tokens or
@@ -16,12 +16,14 @@ Algorithm (one GRPO step, per token t of sequence i with advantage A_i):
 
 Invariants (tests/test_algos.py, hand-computed values): equal-reward groups and empty masks give
 0 and never NaN; masked positions never influence the loss or its gradient; splitting a batch
-into parts and passing the global denominators reproduces the full-batch loss.
+into parts and passing the global denominators reproduces the full-batch loss; chunked log-probs
+equal the whole-logits ones in value and gradient for any chunk size.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from engine.trainer_config import AGGREGATIONS, KL_KINDS
@@ -49,6 +51,38 @@ def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0)
         logits = logits / temperature
     picked = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _linear_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target_ids: Tensor,
+                           temperature: float) -> Tensor:
+    return token_logprobs(torch.nn.functional.linear(hidden, weight, bias), target_ids, temperature)
+
+
+def chunked_token_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, *, temperature: float = 1.0,
+                           chunk_tokens: int = 1024, bias: Tensor | None = None) -> Tensor:
+    """`token_logprobs(hidden @ weight.T + bias, target_ids)` without a full-vocabulary logits tensor.
+
+    hidden [..., T, H], weight [V, H], target_ids [..., T] -> float32 log-probs [..., T]. The
+    tokens go through the output layer `chunk_tokens` at a time; under autograd each chunk is
+    checkpointed, so backward recomputes one chunk's logits at a time instead of keeping every
+    chunk's: the peak is ~3 x chunk_tokens x V floats, not 3 x T x V (at a 151,936-token
+    vocabulary that is 1.8 GB per 1k tokens in float32).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1; use ~1024 (0 in the config means unchunked)")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = target_ids.reshape(-1)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    parts = []
+    for start in range(0, flat_targets.numel(), chunk_tokens):
+        args = (flat_hidden[start:start + chunk_tokens], weight, bias, flat_targets[start:start + chunk_tokens], temperature)
+        if grad:
+            parts.append(torch.utils.checkpoint.checkpoint(_linear_token_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_linear_token_logprobs(*args))
+    if not parts:
+        return torch.zeros(target_ids.shape, dtype=torch.float32, device=hidden.device)
+    return torch.cat(parts).view(target_ids.shape)
 
 
 def masked_aggregate(

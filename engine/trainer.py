@@ -6,11 +6,12 @@ shards the batch itself, so no rank needs to be told its part.
 Algorithm of one `train_step(trajectories, policy_version)`:
   1. Advantages per `group_id` from `reward` (`engine.algos.group_advantages`).
   2. Plan (identical on every rank, no communication): trajectories sorted longest first go to
-     the rank with the fewest tokens so far (ties: lowest rank); each rank packs its share,
-     longest first, into micro-batches of at most `micro_batch_tokens` padded tokens. Ranks
-     with fewer micro-batches run padding micro-batches (mask all 0) because every FSDP2
+     the rank with the fewest tokens so far (ties: lowest rank); each rank fills micro-batches of
+     at most `micro_batch_tokens` tokens, packed end to end or padded (engine/trainer_batch.py).
+     Ranks with fewer micro-batches run padding micro-batches (mask all 0) because every FSDP2
      forward is a collective all-gather.
-  3. Per micro-batch: forward, float32 token log-probs, PPO-clip loss with the global
+  3. Per micro-batch: forward, float32 token log-probs (a chunk of tokens at a time through the
+     output layer, never full-vocabulary logits), PPO-clip loss with the global
      denominators of the whole step (so micro-batches and ranks sum to the full-batch loss),
      plus `kl_coef` * KL to a frozen copy of the initial policy, backward.
   4. Behaviour log-probs: the rollout's `logprobs`, or (`recompute_logprobs`) the current
@@ -23,6 +24,8 @@ Algorithm of one `train_step(trajectories, policy_version)`:
      does not step, so weight decay and Adam's step count leave the weights exactly as they were.
 Precision (engine/precision.py): float32 everywhere on CPU; on CUDA/NPU float32 master weights
 and optimizer state with bf16 compute (FSDP2 mixed precision when sharded, autocast on one rank).
+Memory: `activation_checkpointing` (on by default on accelerators) keeps each decoder layer's
+input only and recomputes the layer in backward.
 
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
 change otherwise; loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
@@ -45,33 +48,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.algos import group_advantages, kl_penalty, ppo_clip_loss, token_logprobs
+from engine.algos import group_advantages, kl_penalty, ppo_clip_loss
 from engine.precision import Precision, autocast, fsdp_mp_policy, precision_for
 from engine.trainer_config import TrainerConfig
+from engine.trainer_batch import collate, padding_trajectory, plan_micro_batches, policy_logprobs
 from engine.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-
-def plan_micro_batches(lengths: list[int], num_ranks: int, micro_batch_tokens: int) -> list[list[list[int]]]:
-    """Deterministic plan: plan[rank][micro] = indices into `lengths`, each index exactly once."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    load = [0] * num_ranks
-    shares: list[list[int]] = [[] for _ in range(num_ranks)]
-    for i in order:
-        rank = min(range(num_ranks), key=lambda r: (load[r], r))
-        shares[rank].append(i)
-        load[rank] += lengths[i]
-    plan = []
-    for share in shares:
-        micros: list[list[int]] = []
-        for i in share:  # longest first, so the first member sets the padded width
-            if micros and (len(micros[-1]) + 1) * lengths[micros[-1][0]] <= micro_batch_tokens:
-                micros[-1].append(i)
-            else:
-                micros.append([i])
-        plan.append(micros)
-    return plan
-
 
 def trajectory_advantages(trajectories: list[Trajectory], *, normalize_std: bool, eps: float) -> list[float]:
     """One advantage per trajectory, normalised within its `group_id` (groups may differ in size)."""
@@ -88,33 +71,15 @@ def trajectory_advantages(trajectories: list[Trajectory], *, normalize_std: bool
     return advantages
 
 
-def _padding_trajectory() -> Trajectory:
-    return Trajectory(request_id="<pad>", task_id="", group_id="<pad>", prompt_len=2, token_ids=[0, 0],
-                      loss_mask=[0, 0], logprobs=[0.0, 0.0], versions=[-1, -1], reward=0.0)
-
-
-def collate(trajectories: list[Trajectory], advantages: list[float], device) -> dict[str, torch.Tensor]:
-    """Right-padded next-token tensors [B, L-1]: inputs, targets, mask, old log-probs, versions."""
-    width = max(t.num_tokens for t in trajectories)
-    num = len(trajectories)
-    ids = torch.zeros(num, width, dtype=torch.long)
-    attn = torch.zeros(num, width, dtype=torch.long)
-    mask = torch.zeros(num, width)
-    old = torch.zeros(num, width)
-    versions = torch.full((num, width), -1, dtype=torch.long)
-    for row, t in enumerate(trajectories):
-        n = t.num_tokens
-        ids[row, :n] = torch.tensor(t.token_ids)
-        attn[row, :n] = 1
-        mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        old[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
-        versions[row, :n] = torch.tensor(t.versions)
-    # Position 0 is never predicted; it is prompt by contract (loss mask 0).
-    return {
-        "input_ids": ids[:, :-1].to(device), "attention_mask": attn[:, :-1].to(device),
-        "targets": ids[:, 1:].to(device), "mask": mask[:, 1:].to(device), "old_logprobs": old[:, 1:].to(device),
-        "versions": versions[:, 1:].to(device), "advantages": torch.tensor(advantages, dtype=torch.float32, device=device),
-    }
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"{type(model).__name__} has no activation checkpointing (not a transformers model); "
+                         "set --trainer.activation-checkpointing off")
 
 
 class Trainer:
@@ -131,6 +96,12 @@ class Trainer:
         self.policy_version = policy_version
         model = model.to(self.device, dtype=self.precision.master_dtype)
         ref = copy.deepcopy(model) if cfg.kl_coef > 0 else None
+        self.activation_checkpointing = cfg.activation_checkpointing == "on" or (
+            cfg.activation_checkpointing == "auto" and self.device.type != "cpu")
+        if self.activation_checkpointing:
+            # each decoder layer keeps only its input and recomputes the rest in backward; set before
+            # sharding so FSDP2 wraps the checkpointed layers (non-reentrant: it composes with FSDP2)
+            enable_activation_checkpointing(model)
         self.model = self._shard(model)
         self.model.train()
         self.ref_model = None
@@ -159,10 +130,10 @@ class Trainer:
             fully_shard(layer, **kw)
         return fully_shard(model, **kw)
 
-    def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _logprobs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         # sharded: FSDP2's policy casts; one rank: autocast (a no-op context on CPU)
         with contextlib.nullcontext() if self.sharded else autocast(self.precision, self.device.type):
-            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            return policy_logprobs(model, batch, temperature=self.cfg.temperature, chunk_tokens=self.cfg.logprob_chunk_tokens)
 
     # ---- the step ----------------------------------------------------------------------------
 
@@ -191,7 +162,8 @@ class Trainer:
             # skipping its forward/backward saves a whole step of trainer time and changes no result.
             self.policy_version += 1
             return self._metrics({"loss": 0.0, "pg_loss": 0.0, "kl": 0.0}, trajectories, advantages, 0.0, False, 0, start_s)
-        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens)
+        packed = self.cfg.pack_sequences
+        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens, packed=packed)
         num_micro = max(len(micros) for micros in plan)
         denoms = {"num_tokens": max(sum(seq_tokens), 1), "num_seqs": max(sum(1 for n in seq_tokens if n), 1)}
         self.optimizer.zero_grad(set_to_none=True)
@@ -202,8 +174,8 @@ class Trainer:
                 batch = [trajectories[i] for i in mine[m]]
                 batch_adv = [advantages[i] for i in mine[m]]
             else:
-                batch, batch_adv = [_padding_trajectory()], [0.0]
-            for key, value in self._micro_step(collate(batch, batch_adv, self.device), policy_version, denoms).items():
+                batch, batch_adv = [padding_trajectory()], [0.0]
+            for key, value in self._micro_step(collate(batch, batch_adv, self.device, packed=packed), policy_version, denoms).items():
                 sums[key] += value
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
@@ -215,8 +187,7 @@ class Trainer:
 
     def _micro_step(self, batch: dict[str, torch.Tensor], policy_version: int, denoms: dict) -> dict[str, float]:
         cfg = self.cfg
-        logits = self._forward(self.model, batch)
-        logprobs = token_logprobs(logits, batch["targets"], cfg.temperature)
+        logprobs = self._logprobs(self.model, batch)
         mask = batch["mask"]
         old = batch["old_logprobs"]
         recompute = self._recompute_mask(batch["versions"], policy_version)
@@ -228,8 +199,7 @@ class Trainer:
         kl = torch.zeros(())
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logits = self._forward(self.ref_model, batch)
-                ref_logprobs = token_logprobs(ref_logits, batch["targets"], cfg.temperature)
+                ref_logprobs = self._logprobs(self.ref_model, batch)
             kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
             loss = loss + cfg.kl_coef * kl
         # FSDP2 averages gradients over the group; the loss is already a global sum, so undo it.

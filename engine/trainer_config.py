@@ -13,6 +13,7 @@ from dataclasses import dataclass
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 KL_KINDS = ("k1", "k2", "k3")
 RECOMPUTE_MODES = ("stale", "always", "never")
+ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +30,10 @@ class TrainerConfig:
     normalize_std: bool = True  # divide group-centred rewards by the group std (False: Dr. GRPO)
     adv_eps: float = 1e-6  # added to the group std before dividing
     aggregation: str = "token-mean"  # loss reduction over tokens: token-mean | seq-mean-token-mean
-    micro_batch_tokens: int = 4096  # padded tokens (sequences x longest) per forward/backward
+    micro_batch_tokens: int = 4096  # tokens per forward/backward (packed: sum of lengths; padded: sequences x longest)
+    pack_sequences: bool = True  # lay a micro-batch's sequences end to end in one row instead of padding them
+    logprob_chunk_tokens: int = 1024  # tokens per pass through the output layer for log-probs (0: whole logits at once)
+    activation_checkpointing: str = "auto"  # recompute layer activations in backward: on | off | auto (on on GPU/NPU)
     recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
     max_staleness: int | None = 1  # refuse tokens generated more than this many versions ago (None: bounded at admission)
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
@@ -55,6 +59,10 @@ class TrainerConfig:
             raise ValueError(f"aggregation={self.aggregation!r} is unknown; use one of {AGGREGATIONS}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 2; use a few thousand")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens} must be >= 0; use ~1024, or 0 for whole logits")
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is unknown; use one of {ACTIVATION_CHECKPOINTING}")
         if self.recompute_logprobs not in RECOMPUTE_MODES:
             raise ValueError(f"recompute_logprobs={self.recompute_logprobs!r} is unknown; use one of {RECOMPUTE_MODES}")
         if self.max_staleness is not None and self.max_staleness < 0:

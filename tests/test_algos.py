@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from engine.algos import group_advantages, kl_penalty, masked_aggregate, ppo_clip_loss, token_logprobs
+from engine.algos import chunked_token_logprobs, group_advantages, kl_penalty, masked_aggregate, ppo_clip_loss, token_logprobs
 
 
 def close(a, b, tol=1e-6):
@@ -57,6 +57,51 @@ def test_token_logprobs_is_float32_for_half_logits():
     logits = torch.zeros(1, 3, 4, dtype=torch.bfloat16)
     lp = token_logprobs(logits, torch.tensor([[0, 1, 3]]))
     assert lp.dtype == torch.float32 and close(lp, torch.full((1, 3), math.log(0.25)))
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 7, 15, 100])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_logprobs_equal_whole_logits_in_value_and_gradient(chunk_tokens, with_bias):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 8, generator=gen, requires_grad=True)
+    bias = torch.randn(11, generator=gen, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 11, (3, 5), generator=gen)
+    upstream = torch.randn(3, 5, generator=gen)
+    whole = token_logprobs(torch.nn.functional.linear(hidden, weight, bias), targets, temperature=0.7)
+    grads_whole = torch.autograd.grad((whole * upstream).sum(), [hidden, weight] + ([bias] if with_bias else []))
+    chunked = chunked_token_logprobs(hidden, weight, targets, temperature=0.7, chunk_tokens=chunk_tokens, bias=bias)
+    grads_chunked = torch.autograd.grad((chunked * upstream).sum(), [hidden, weight] + ([bias] if with_bias else []))
+    assert chunked.shape == (3, 5) and chunked.dtype == torch.float32
+    assert torch.allclose(chunked, whole, atol=1e-6)
+    for a, b in zip(grads_chunked, grads_whole):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_chunked_logprobs_keep_no_full_vocabulary_tensor_for_backward():
+    """What autograd saves outside the checkpointed chunks: never a [tokens, vocab] tensor."""
+    vocab, tokens, chunk = 1000, 64, 8
+    hidden = torch.randn(1, tokens, 16, requires_grad=True)
+    weight = torch.randn(vocab, 16, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp = chunked_token_logprobs(hidden, weight, torch.zeros(1, tokens, dtype=torch.long), chunk_tokens=chunk)
+    lp.sum().backward()
+    assert weight.grad is not None and hidden.grad.abs().sum() > 0
+    assert not any(shape[-1:] == (vocab,) and math.prod(shape) > chunk * vocab for shape in saved), saved
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # and the whole-logits path does keep one
+        token_logprobs(torch.nn.functional.linear(hidden, weight), torch.zeros(1, tokens, dtype=torch.long))
+    assert any(shape[-1:] == (vocab,) and math.prod(shape) >= tokens * vocab for shape in saved)
+
+
+def test_chunked_logprobs_refuse_a_chunk_of_zero():
+    with pytest.raises(ValueError, match=r"chunk_tokens=0 must be >= 1; use ~1024"):
+        chunked_token_logprobs(torch.zeros(1, 2, 4), torch.zeros(3, 4), torch.zeros(1, 2, dtype=torch.long), chunk_tokens=0)
 
 
 # ---- PPO clip --------------------------------------------------------------------------------

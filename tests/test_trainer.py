@@ -54,6 +54,8 @@ def tiny_trainer(**kw):
     ({"recompute_logprobs": "sometimes"}, r"recompute_logprobs='sometimes' is unknown; use one of \('stale', 'always', 'never'\)"),
     ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0; use 0 for on-policy or 1 for one-step async"),
     ({"temperature": 0.0}, r"temperature=0.0 must be > 0; pass the rollout's sampling temperature"),
+    ({"logprob_chunk_tokens": -1}, r"logprob_chunk_tokens=-1 must be >= 0; use ~1024, or 0 for whole logits"),
+    ({"activation_checkpointing": "yes"}, r"activation_checkpointing='yes' is unknown; use one of \('auto', 'on', 'off'\)"),
 ])
 def test_config_errors_name_value_and_fix(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -71,6 +73,18 @@ def test_plan_balances_tokens_and_packs_by_padded_budget():
     assert plan_micro_batches(lengths, 1, 100) == [[[0, 2, 3, 5, 1, 4]]]
     # a sequence longer than the budget still gets its own micro-batch; a rank may get nothing
     assert plan_micro_batches([50], 2, 16) == [[[0]], []]
+
+
+def test_packed_plan_counts_the_sum_of_lengths_not_sequences_times_longest():
+    lengths = [10, 3, 8, 8, 2, 5]
+    # one rank, budget 16: padded, 10 then 8+8 (2 x 8) then 5+3+2 (3 x 5); packed, 10+5 fits where 10+8 does not
+    assert plan_micro_batches(lengths, 1, 16) == [[[0], [2, 3], [5, 1, 4]]]
+    assert plan_micro_batches(lengths, 1, 16, packed=True) == [[[0], [2, 3], [5, 1, 4]]]
+    assert plan_micro_batches([10, 5, 1], 1, 16, packed=True) == [[[0, 1, 2]]]
+    assert plan_micro_batches([10, 5, 1], 1, 16) == [[[0], [1, 2]]]
+    plan = plan_micro_batches(lengths, 2, 16, packed=True)
+    assert sorted(i for rank in plan for micro in rank for i in micro) == list(range(6))
+    assert all(sum(lengths[i] for i in micro) <= 16 for rank in plan for micro in rank)
 
 
 def test_advantages_per_group_with_uneven_groups():
@@ -125,6 +139,42 @@ def test_micro_batching_does_not_change_the_update(aggregation):
     assert m_big["train/micro_batches"] == 1.0 and m_small["train/micro_batches"] > 3
     assert m_small["train/loss"] == pytest.approx(m_big["train/loss"], abs=1e-6)
     assert all(torch.allclose(p_big[k], p_small[k], atol=1e-6) for k in p_big)
+
+
+def test_packed_rows_give_the_padded_rows_log_probs():
+    from engine.trainer_batch import collate, policy_logprobs
+
+    model, _ = build_tiny(0)
+    trajs = make_trajs(seed=5)
+    padded = collate(trajs, [0.0] * len(trajs), "cpu")
+    packed = collate(trajs, [0.0] * len(trajs), "cpu", packed=True)
+    assert packed["packed_ids"].shape == (1, sum(t.num_tokens - 1 for t in trajs))
+    with torch.no_grad():
+        want = policy_logprobs(model, padded, temperature=1.0, chunk_tokens=0)
+        got = policy_logprobs(model, packed, temperature=1.0, chunk_tokens=5)
+    valid = packed["target_valid"] > 0
+    assert valid.sum() == packed["packed_ids"].numel()
+    assert torch.allclose(got[valid], want[valid], atol=1e-5) and (got[~valid] == 0).all()
+
+
+@pytest.mark.parametrize("switches", [
+    {"pack_sequences": True}, {"logprob_chunk_tokens": 7}, {"activation_checkpointing": "on"},
+    {"pack_sequences": True, "logprob_chunk_tokens": 7, "activation_checkpointing": "on", "kl_coef": 0.1},
+])
+def test_memory_switches_do_not_change_the_update(switches):
+    trajs = make_trajs(seed=3)
+    base = {"pack_sequences": False, "logprob_chunk_tokens": 0, "activation_checkpointing": "off",
+            "micro_batch_tokens": 40, "adam_eps": 1.0, "kl_coef": switches.get("kl_coef", 0.0)}
+    results = []
+    for kw in (base, {**base, **switches}):
+        trainer = tiny_trainer(**kw)
+        results.append((trainer.train_step(trajs, 0), params(trainer), trainer.activation_checkpointing))
+    (m_ref, p_ref, _), (m, p, ac) = results
+    assert ac == (switches.get("activation_checkpointing") == "on")
+    for key in ("train/loss", "train/kl", "train/clip_frac"):
+        assert m[key] == pytest.approx(m_ref[key], abs=1e-6), key
+    assert all(torch.allclose(p_ref[k], p[k], atol=1e-6) for k in p_ref)
+    assert m["train/micro_batches"] < len(trajs)  # so packed rows hold several sequences
 
 
 def test_recompute_modes():
@@ -231,8 +281,8 @@ def test_one_step_by_hand():
     trajs = [Trajectory(request_id=f"r{i}", task_id="t", group_id="g", prompt_len=1, token_ids=[0, tok, tok],
                         loss_mask=[0, 1, 1], logprobs=[0.0, half, half], versions=[-1, 0, 0], reward=1.0 - i)
              for i, tok in enumerate((1, 0))]
-    model = BiasLM()
-    metrics = Trainer(model, TrainerConfig(lr=0.1, grad_clip=10.0)).train_step(trajs, 0)
+    model = BiasLM()  # no output layer to chunk, no position ids to pack with
+    metrics = Trainer(model, TrainerConfig(lr=0.1, grad_clip=10.0, logprob_chunk_tokens=0, pack_sequences=False)).train_step(trajs, 0)
     assert metrics["train/loss"] == pytest.approx(0.0, abs=1e-7)
     assert metrics["train/grad_norm"] == pytest.approx(0.5, abs=1e-6)
     assert metrics["train/adv_abs_mean"] == pytest.approx(1 / math.sqrt(2), abs=1e-5)

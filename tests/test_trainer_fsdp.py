@@ -25,12 +25,12 @@ def batches():
     return [make_trajs(seed=0, version=0), make_trajs(num_groups=1, n=3, seed=1, version=0)]
 
 
-def _train(ctx):
+def _train(ctx, extra: dict):
     from engine.models import build_tiny
 
     sub = dist.new_group([1, 2])  # every rank calls new_group, in the same order
     model, _ = build_tiny(0)
-    trainer = Trainer(model, TrainerConfig(**CFG), group=sub if ctx.rank else None)
+    trainer = Trainer(model, TrainerConfig(**CFG, **extra), group=sub if ctx.rank else None)
     metrics = [trainer.train_step(trajs, version) for version, trajs in enumerate(batches())]
     full = trainer.full_state_dict()
     state = trainer.state_dict()
@@ -43,12 +43,14 @@ def _train(ctx):
             "num_optim_states": len(state["optimizer"]["state"])}
 
 
-def test_fsdp2_subgroup_matches_single_process():
+@pytest.mark.parametrize("extra", [{}, {"activation_checkpointing": "on", "pack_sequences": False, "logprob_chunk_tokens": 0}],
+                         ids=["packed-chunked", "padded-whole-logits-checkpointed"])
+def test_fsdp2_subgroup_matches_single_process(extra):
     lengths = [t.num_tokens for t in batches()[1]]
-    plan = plan_micro_batches(lengths, 2, CFG["micro_batch_tokens"])
+    plan = plan_micro_batches(lengths, 2, CFG["micro_batch_tokens"], packed=extra.get("pack_sequences", True))
     assert len(plan[0]) != len(plan[1]), "step 2 must exercise the padding micro-batch"
 
-    ref, r1, r2 = spawn(_train, 3, device_info=CPU, timeout_s=90,
+    ref, r1, r2 = spawn(_train, 3, (extra,), device_info=CPU, timeout_s=90,
                         preload=PRELOAD + ["engine.trainer", "engine.models", "transformers.models.qwen2.modeling_qwen2"])
     for rank in (r1, r2):
         for m_ref, m in zip(ref["metrics"], rank["metrics"]):
