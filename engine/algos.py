@@ -69,7 +69,7 @@ def chunked_token_logprobs(hidden: Tensor, weight: Tensor, target_ids: Tensor, *
     vocabulary that is 1.8 GB per 1k tokens in float32).
     """
     if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1; use ~1024 (0 in the config means unchunked)")
+        raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1; use ~512 (0 in the config means unchunked)")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = target_ids.reshape(-1)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)

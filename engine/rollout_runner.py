@@ -1,7 +1,8 @@
-"""The KV-cache side of the rollout engine: one batched DynamicCache plus parked per-request KV.
+"""The KV-cache side of the rollout engine: one batched in-place KV cache plus parked per-request KV.
 
 Algorithm:
-  1. Rows of the running batch share one `DynamicCache`, left-padded: row i holds its
+  1. Rows of the running batch share one `InPlaceCache` (engine/kv_cache.py: decode writes
+     into preallocated columns instead of concatenating), left-padded: row i holds its
      `lens[i]` valid columns as the suffix, so position ids are simply `lens[i]` and a row's
      KV is `keys[i, :, L - lens[i]:]`.
   2. `prefill(rids, ids)` runs the new tokens of the joining requests as one batch on top of
@@ -22,8 +23,9 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
+
+from engine.kv_cache import InPlaceCache
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ class BatchRunner:
         self.tp_group = tp_group
         self.rows: list[str] = []  # request ids in batch order
         self.lens: list[int] = []  # valid KV columns per row
-        self.cache: DynamicCache | None = None
+        self.cache: InPlaceCache | None = None
         self.parked: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = {}  # rid -> (per-layer (k, v), length)
         self._leader_rank = None
         if tp_group is not None:
@@ -131,7 +133,7 @@ class BatchRunner:
         # layout per row: [pad][parked KV][pad][new tokens]; the mask hides both pads and
         # explicit positions keep RoPE exact, then each row is compacted back to its valid columns
         width_past, width_new = max(n for _, n in pasts), max(map(len, new_lists))
-        cache = DynamicCache(ddp_cache_data=self._stack_left(pasts, width_past)) if width_past else DynamicCache()
+        cache = InPlaceCache.left_padded(pasts, width_past, spare=width_new) if width_past else DynamicCache()
         mask = torch.zeros(len(rids), width_past + width_new, dtype=torch.long)
         ids = torch.zeros(len(rids), width_new, dtype=torch.long)
         pos = torch.zeros(len(rids), width_new, dtype=torch.long)
@@ -147,25 +149,12 @@ class BatchRunner:
             self.parked[rid] = ([(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers], len(cols))
         return out.logits[:, -1].float()
 
-    @staticmethod
-    def _stack_left(parts, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        ref = next(kv for kv, n in parts if n)
-        layers = []
-        for li, (k0, v0) in enumerate(ref):
-            ks, vs = [], []
-            for kv, n in parts:
-                k, v = kv[li] if n else (k0[:, :, :0], v0[:, :, :0])
-                ks.append(F.pad(k, (0, 0, width - n, 0)))
-                vs.append(F.pad(v, (0, 0, width - n, 0)))
-            layers.append((torch.cat(ks), torch.cat(vs)))
-        return layers
-
     def _admit(self, rids: list[str]) -> None:
         parts = [self.parked.pop(r) for r in rids]
         if self.rows:
             # the batch is one more part, already left-padded to its width
             parts.insert(0, ([(lay.keys, lay.values) for lay in self.cache.layers], self.cache.layers[0].keys.shape[-2]))
-        self.cache = DynamicCache(ddp_cache_data=self._stack_left(parts, max(n for _, n in parts)))
+        self.cache = InPlaceCache.left_padded(parts, max(n for _, n in parts))
         self.rows += list(rids)
         self.lens += [n for _, n in parts[-len(rids):]]
 
@@ -193,7 +182,7 @@ class BatchRunner:
         width = max(self.lens)
         sel = torch.tensor(idx, device=self.device)
         # trim the left padding no remaining row needs, so decode cost follows the live rows
-        self.cache = DynamicCache(ddp_cache_data=[(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers])
+        self.cache = InPlaceCache.left_padded([([(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers], width)], width)
 
     @torch.no_grad()
     def _decode(self, tokens: list[int]) -> torch.Tensor:

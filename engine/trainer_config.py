@@ -32,7 +32,7 @@ class TrainerConfig:
     aggregation: str = "token-mean"  # loss reduction over tokens: token-mean | seq-mean-token-mean
     micro_batch_tokens: int = 4096  # tokens per forward/backward (packed: sum of lengths; padded: sequences x longest)
     pack_sequences: bool = True  # lay a micro-batch's sequences end to end in one row instead of padding them
-    logprob_chunk_tokens: int = 1024  # tokens per pass through the output layer for log-probs (0: whole logits at once)
+    logprob_chunk_tokens: int = 512  # tokens per pass through the output layer for log-probs (0: whole logits at once)
     activation_checkpointing: str = "auto"  # recompute layer activations in backward: on | off | auto (on on GPU/NPU)
     recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
     max_staleness: int | None = 1  # refuse tokens generated more than this many versions ago (None: bounded at admission)
@@ -60,7 +60,7 @@ class TrainerConfig:
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 2; use a few thousand")
         if self.logprob_chunk_tokens < 0:
-            raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens} must be >= 0; use ~1024, or 0 for whole logits")
+            raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens} must be >= 0; use ~512, or 0 for whole logits")
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
             raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is unknown; use one of {ACTIVATION_CHECKPOINTING}")
         if self.recompute_logprobs not in RECOMPUTE_MODES:

@@ -100,7 +100,7 @@ def test_chunked_logprobs_keep_no_full_vocabulary_tensor_for_backward():
 
 
 def test_chunked_logprobs_refuse_a_chunk_of_zero():
-    with pytest.raises(ValueError, match=r"chunk_tokens=0 must be >= 1; use ~1024"):
+    with pytest.raises(ValueError, match=r"chunk_tokens=0 must be >= 1; use ~512"):
         chunked_token_logprobs(torch.zeros(1, 2, 4), torch.zeros(3, 4), torch.zeros(1, 2, dtype=torch.long), chunk_tokens=0)
 
 

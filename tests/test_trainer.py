@@ -54,7 +54,7 @@ def tiny_trainer(**kw):
     ({"recompute_logprobs": "sometimes"}, r"recompute_logprobs='sometimes' is unknown; use one of \('stale', 'always', 'never'\)"),
     ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0; use 0 for on-policy or 1 for one-step async"),
     ({"temperature": 0.0}, r"temperature=0.0 must be > 0; pass the rollout's sampling temperature"),
-    ({"logprob_chunk_tokens": -1}, r"logprob_chunk_tokens=-1 must be >= 0; use ~1024, or 0 for whole logits"),
+    ({"logprob_chunk_tokens": -1}, r"logprob_chunk_tokens=-1 must be >= 0; use ~512, or 0 for whole logits"),
     ({"activation_checkpointing": "yes"}, r"activation_checkpointing='yes' is unknown; use one of \('auto', 'on', 'off'\)"),
 ])
 def test_config_errors_name_value_and_fix(kw, msg):

@@ -1,0 +1,156 @@
+"""Plain batched decode: the rollout engine against `model.generate`, with no tools in the way.
+
+N prompts (default 32) of `--prompt-tokens` tokens each, up to `--new-tokens` new tokens each
+(a row stops at the model's end-of-sequence token), greedy, one batch. Systems, alternated
+for `--rounds` rounds (this machine's speed swings by tens of percent; each keeps its best):
+
+  engine             RolloutEngine: in-place KV cache (engine/kv_cache.py), float32
+  engine-concat      the same engine with transformers' DynamicCache (grows by torch.cat every
+                     step: the engine before issue 23), float32
+  generate           `model.generate`, float32
+  engine-bf16        the engine with the model in bfloat16 (`--rollout.dtype bfloat16`; log-probs
+                     still taken in float32), when this CPU has bf16 matmul
+  generate-bf16      `model.generate` in bfloat16
+
+Greedy tokens of engine, engine-concat and generate are compared (they must be equal in float32).
+
+Prints a table and, last, `decode_engine_vs_generate: R` (engine tokens/s over generate's, fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+
+from engine import rollout_runner
+from engine.models import load_policy
+from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+from envs.base import Task
+
+
+class _NoTools:
+    def execute(self, call):
+        raise AssertionError("plain decode runs no tools")
+
+    def score(self, final_text):
+        return 0.0
+
+    def close(self):
+        pass
+
+
+def prompts(tok, n: int, length: int) -> list[list[int]]:
+    text = "Tell me about the history of the number seven and why it matters. " * (length // 12 + 1)
+    base = tok.encode(text, add_special_tokens=False)
+    return [base[i % 7 : i % 7 + length] for i in range(n)]
+
+
+@contextlib.contextmanager
+def concat_cache():
+    """The engine as it was: every batch change builds a DynamicCache, which decode grows by torch.cat."""
+    from transformers import DynamicCache
+
+    from engine.kv_cache import InPlaceCache
+
+    def left_padded(parts, width, spare=0):
+        cache = InPlaceCache.left_padded(parts, width, spare=0)
+        return DynamicCache(ddp_cache_data=[(lay.keys.clone(), lay.values.clone()) for lay in cache.layers])
+
+    saved = rollout_runner.InPlaceCache
+    rollout_runner.InPlaceCache = type("ConcatCache", (), {"left_padded": staticmethod(left_padded)})
+    try:
+        yield
+    finally:
+        rollout_runner.InPlaceCache = saved
+
+
+def run_engine(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
+    cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=new_tokens, max_turns=1,
+                        max_total_tokens=max(map(len, ids_list)) + new_tokens + 1, max_batch=len(ids_list))
+    engine = RolloutEngine(model, tok, cfg)
+    task = Task(task_id="t", bench="toy", messages=({"role": "user", "content": "x"},), tools=())
+    start = time.perf_counter()
+    for i, ids in enumerate(ids_list):
+        engine.add(RolloutRequest(f"r{i}", task, _NoTools(), list(ids), "g"))
+    out = {}
+    while not engine.idle:
+        for event in engine.step():
+            if isinstance(event, Finished):
+                traj = event.trajectory
+                out[traj.request_id] = traj.token_ids[traj.prompt_len:]
+    elapsed = time.perf_counter() - start
+    engine.close()
+    return [out[f"r{i}"] for i in range(len(ids_list))], elapsed
+
+
+def run_generate(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
+    width = max(map(len, ids_list))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids_list])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids_list])
+    stop = sorted(RolloutEngine._eos_ids(tok, model))
+    start = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=stop, pad_token_id=pad)
+    elapsed = time.perf_counter() - start
+    rows = [row[:next((i + 1 for i, t in enumerate(row) if t in stop), len(row))] for row in out[:, width:].tolist()]
+    return rows, elapsed
+
+
+def bf16_matmul_available() -> bool:
+    return bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=200)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tok = load_policy(args.model, device="cpu")
+    model.eval()
+    ids_list = prompts(tok, args.num_prompts, args.prompt_tokens)
+    systems = {"engine": lambda: run_engine(model, tok, ids_list, args.new_tokens),
+               "engine-concat": lambda: _concat(model, tok, ids_list, args.new_tokens),
+               "generate": lambda: run_generate(model, tok, ids_list, args.new_tokens)}
+    if bf16_matmul_available():
+        model16, _ = load_policy(args.model, device="cpu", dtype=torch.bfloat16)
+        model16.eval()
+        systems["engine-bf16"] = lambda: run_engine(model16, tok, ids_list, args.new_tokens)
+        systems["generate-bf16"] = lambda: run_generate(model16, tok, ids_list, args.new_tokens)
+    run_engine(model, tok, ids_list[:2], 4)  # warm-up
+    runs: dict[str, list[float]] = {name: [] for name in systems}
+    tokens: dict[str, list[list[int]]] = {}
+    for _ in range(args.rounds):
+        for name, fn in systems.items():
+            tokens[name], elapsed = fn()
+            runs[name].append(elapsed)
+    print(f"{'system':<15}{'tokens':>8}{'best s':>9}{'tokens/s':>10}{'vs generate':>13}   all s")
+    speed = {name: sum(map(len, tokens[name])) / min(r) for name, r in runs.items()}
+    for name, r in runs.items():
+        ref = "generate-bf16" if name.endswith("bf16") else "generate"
+        print(f"{name:<15}{sum(map(len, tokens[name])):>8}{min(r):>9.2f}{speed[name]:>10.1f}{speed[name] / speed[ref]:>13.2f}   "
+              + " ".join(f"{x:.2f}" for x in r))
+    same = tokens["engine"] == tokens["generate"] == tokens["engine-concat"]
+    print(f"{args.model}, {args.num_prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens greedy, "
+          f"{args.threads} threads, best of {args.rounds}; fp32 greedy tokens equal across engine, engine-concat, generate: {same}")
+    if "engine-bf16" in tokens:
+        agree = sum(a == b for a, b in zip(tokens["engine-bf16"], tokens["generate-bf16"]))
+        print(f"bf16: engine and generate agree on {agree}/{args.num_prompts} rows (bf16 rounding differs by kernel)")
+    print(f"decode_engine_vs_generate: {speed['engine'] / speed['generate']:.2f}")
+
+
+def _concat(model, tok, ids_list, new_tokens):
+    with concat_cache():
+        return run_engine(model, tok, ids_list, new_tokens)
+
+
+if __name__ == "__main__":
+    main()
