@@ -9,7 +9,8 @@ a failure inside a rank would come back with its traceback (engine/launch.py). S
   2. the run's env is built once as rank 0 will build it, then closed: the bench's (its sandbox
      probes namespaces and runs our interpreter, `--data` loads, the level has tasks) or the
      `--env`/`--reward` plug-ins; its sandboxes warn nothing here (the rank's do);
-  3. the model: config, weight files, tokenizer (engine/models.py `check_model`), no tensor loaded.
+  3. the model: config, weight files, tokenizer (engine/models.py `check_model`), no tensor loaded;
+     `--rollout.dtype bfloat16` on a CPU without bf16 matmul.
 Nothing is written under the run dir (the env's sandbox makes and removes its own work dirs). The
 simulator (`--sim`) builds no env and loads no model: it runs only 1, without torch.
 
@@ -39,6 +40,11 @@ def check_run_inputs(cfg, run_dir: Path) -> None:
         from engine.models import check_model
 
         check_model(cfg.run.model)
+        if cfg.rollout.dtype == "bfloat16":  # refused on a CPU without bf16 matmul
+            from engine.devices import detect
+            from engine.precision import precision_for
+
+            precision_for(detect(cfg.run.device).kind, cfg.rollout.dtype)
 
 
 def check_resume(run_dir: Path) -> None:

@@ -13,6 +13,9 @@ from typing import Any
 from scheduler.api import OutcomeState
 
 
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     max_new_tokens_per_turn: int = 256  # a model turn ends after this many sampled tokens
@@ -25,6 +28,7 @@ class RolloutConfig:
     tool_timeout_s: float = 120.0  # a tool call running longer is reported as status "timeout"
     seed: int = 0  # sampling seed; each request draws from its own generator seeded by (seed, request_id)
     progress_every_tokens: int = 64  # emit Progress at most once per this many tokens of a request
+    dtype: str = "auto"  # rollout model dtype: auto (bfloat16 on GPU/NPU, float32 on CPU) | float32 | bfloat16
 
     def __post_init__(self):
         for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens"):
@@ -34,6 +38,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.temperature={self.temperature} must be >= 0 (0 is greedy); set a non-negative value")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"RolloutConfig.top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling")
+        if self.dtype not in ROLLOUT_DTYPES:
+            raise ValueError(f"RolloutConfig.dtype={self.dtype!r} is unknown; use one of {ROLLOUT_DTYPES}")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"RolloutConfig.tool_timeout_s={self.tool_timeout_s} must be > 0; set a positive number of seconds")
 

@@ -129,7 +129,8 @@ def _device_keys(ctx: RankContext, cfg) -> list[str] | None:
 class Worker:
     def __init__(self, ctx: RankContext, cfg, device: torch.device):
         self.ctx, self.cfg, self.device = ctx, cfg, device
-        self.precision = precision_for(device.type)  # bf16 rollout, fp32 master + bf16 compute on accelerators
+        # bf16 rollout, fp32 master + bf16 compute on accelerators; --rollout.dtype overrides the rollout's
+        self.precision = precision_for(device.type, cfg.rollout.dtype)
         self.idx = to_worker(ctx.rank)  # worker index in role maps
         self.mailbox = ctx.mailbox
         self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size,

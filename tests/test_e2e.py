@@ -78,6 +78,14 @@ def test_libra_migrates_and_moves_ranks(tmp_path):
     assert [s for s, _ in scalars["timing/step_s"]] == [1, 2, 3] and "train/loss" in scalars
 
 
+@pytest.mark.skipif(not __import__("engine.precision").precision.cpu_has_bf16_matmul(), reason="this CPU has no bf16 matmul")
+def test_a_bf16_rollout_on_cpu_trains_and_syncs_weights(tmp_path):
+    """--rollout.dtype bfloat16: rollout models in bf16, the trainer in fp32, each sync cast to bf16 on the way."""
+    summary, metrics = run_libra(tmp_path, "--bench", "search", "--system", "static", "--steps", "3", "--rollout.dtype", "bfloat16")
+    check_outputs(summary, metrics, 3)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rollout"]["dtype"] == "bfloat16"
+
+
 @pytest.mark.slow
 def test_checkpoints_come_by_run_time_and_only_the_newest_are_kept(tmp_path):
     """The default is a checkpoint every 10 minutes of run time; here every 0.6 ms, shorter than any real

@@ -32,6 +32,22 @@ def test_precision_per_device_kind():
         assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
 
 
+def test_rollout_dtype_overrides_the_rollout_only(monkeypatch):
+    import engine.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: True)
+    cpu16 = precision_for("cpu", "bfloat16")
+    assert (cpu16.rollout_dtype, cpu16.master_dtype, cpu16.compute_dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    assert precision_for("cuda", "float32").rollout_dtype == torch.float32 and precision_for("cuda", "float32").mixed
+    assert precision_for("npu", "auto") == precision_for("npu")
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: False)
+    with pytest.raises(RuntimeError, match=r"this CPU has no bf16 matmul .* use --rollout.dtype float32"):
+        precision_for("cpu", "bfloat16")
+    assert precision_for("cuda", "bfloat16").rollout_dtype == torch.bfloat16  # the check is for CPUs
+    with pytest.raises(ValueError, match=r"RolloutConfig.dtype='fp8' is unknown; use one of \('auto', 'float32', 'bfloat16'\)"):
+        RolloutConfig(dtype="fp8")
+
+
 def test_cpu_trainer_keeps_fp32_and_offload_is_for_colocated_accelerators_only():
     model, _ = build_tiny(0)
     trainer = Trainer(model, TrainerConfig())
