@@ -176,7 +176,7 @@ def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
             rollout=RolloutConfig(max_new_tokens_per_turn=64 if tiny else 128, max_turns=3,
                                   max_total_tokens=1536 if tiny else 2048, max_batch=32,
                                   temperature=1.0 if tiny else 0.7, top_p=1.0 if tiny else 0.95, tool_timeout_s=20.0),
-            # 1k-token micro-batches: SmolLM2's 49k-vocab logits cost ~0.2 GB per 1k tokens in fp32
+            # 1k-token micro-batches: a SmolLM2 step then adds ~3.3 GB at its peak on CPU (bench.trainer_memory)
             trainer=TrainerConfig(lr=1e-3 if tiny else 1e-5, micro_batch_tokens=1024),
             # SmolLM2 swe prompts are ~1.1-1.3k tokens: the short bucket keeps what ends soon after one call
             buckets=BucketsConfig(max_tokens=(1024, 1536) if tiny else (1400, 2048)),
