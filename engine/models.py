@@ -78,11 +78,11 @@ def tiny_tokenizer():
     return hf
 
 
-def _tiny_config(tokenizer):
+def _tiny_config(tokenizer, head_dim: int = 16):
     from transformers import Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=4 * head_dim, intermediate_size=8 * head_dim, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None, rope_theta=10000.0,
@@ -91,12 +91,13 @@ def _tiny_config(tokenizer):
     return config
 
 
-def build_tiny(seed: int = 0):
-    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
+def build_tiny(seed: int = 0, *, head_dim: int = 16):
+    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode; `head_dim=64`
+    makes one that vLLM's CPU attention runs (it has no kernel for 16)."""
     from transformers import Qwen2ForCausalLM
 
     tokenizer = tiny_tokenizer()
-    config = _tiny_config(tokenizer)
+    config = _tiny_config(tokenizer, head_dim)
     gen = torch.random.fork_rng(devices=[])
     with gen:
         torch.manual_seed(seed)
@@ -104,6 +105,21 @@ def build_tiny(seed: int = 0):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
+
+
+def save_policy_dir(model, tokenizer, target: Path) -> Path:
+    """Write `model` and `tokenizer` as a HF checkpoint dir (safetensors) that another engine (vLLM) loads;
+    written to a temp dir and renamed into place, so a reader never sees half of it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def cache_root() -> Path:

@@ -12,6 +12,8 @@ from typing import Any
 
 from scheduler.api import OutcomeState
 
+BACKENDS = ("torch", "vllm")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
@@ -25,6 +27,7 @@ class RolloutConfig:
     tool_timeout_s: float = 120.0  # a tool call running longer is reported as status "timeout"
     seed: int = 0  # sampling seed; each request draws from its own generator seeded by (seed, request_id)
     progress_every_tokens: int = 64  # emit Progress at most once per this many tokens of a request
+    backend: str = "torch"  # rollout engine: torch (engine/rollout.py) | vllm (engine/vllm_engine.py; LIBRA_VLLM=1 bash run.sh)
 
     def __post_init__(self):
         for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens"):
@@ -34,6 +37,9 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.temperature={self.temperature} must be >= 0 (0 is greedy); set a non-negative value")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"RolloutConfig.top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"RolloutConfig.backend={self.backend!r} must be one of {', '.join(BACKENDS)}; "
+                             "pass --rollout.backend torch (the default) or vllm")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"RolloutConfig.tool_timeout_s={self.tool_timeout_s} must be > 0; set a positive number of seconds")
 

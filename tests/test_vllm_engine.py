@@ -1,0 +1,191 @@
+"""vLLM rollout backend (engine/vllm_engine.py) against the torch engine, on a tiny Qwen2 with head_dim 64.
+
+Without vLLM only the start-up error tests run; the rest skip with the reason and the set-up command.
+One vLLM engine is built per module (start-up ~7 s on 2 cores) and shared: each test drives it to idle.
+"""
+
+import importlib.util
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models import build_tiny, render_prompt, save_policy_dir
+from engine.rollout import RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
+from scripted_model import Scripted
+from test_rollout import FakeEpisode, make_script, run, task_for
+
+torch.set_num_threads(1)
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed; set it up with `VENV=.venv-vllm LIBRA_VLLM=1 bash run.sh test`")
+CFG = dict(temperature=0.0, max_new_tokens_per_turn=60, max_turns=4, max_total_tokens=400, max_batch=6, progress_every_tokens=16)
+
+
+def test_missing_vllm_is_one_line_with_the_fix():
+    """In a Python where `import vllm` finds nothing, the check names what is missing and the set-up command."""
+    code = ("import sys, importlib.util as u; real = u.find_spec; "
+            "u.find_spec = lambda n, *a: None if n == 'vllm' else real(n, *a); "
+            "from engine.vllm_engine import check_vllm\n"
+            "try:\n    check_vllm()\nexcept RuntimeError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    line = out.stdout.strip()
+    assert line.startswith("--rollout.backend vllm: vLLM is not installed in ") and "LIBRA_VLLM=1 bash run.sh" in line, out
+    assert "\n" not in line
+
+
+def test_backend_flag_is_validated():
+    with pytest.raises(ValueError, match=r"RolloutConfig.backend='sglang' must be one of torch, vllm"):
+        RolloutConfig(backend="sglang")
+
+
+def test_unsupported_layouts_are_refused_before_vllm_starts(tmp_path):
+    from engine.vllm_engine import check_model_dir
+
+    model, tok = build_tiny(0)  # head_dim 16
+    path = save_policy_dir(model, tok, tmp_path / "tiny16")
+    cfg = RolloutConfig(**CFG)
+    with pytest.raises(ValueError, match=r"head_dim 16, which vLLM's CPU attention does not support"):
+        check_model_dir(path, cfg, tensor_parallel_size=1, device_type="cpu")
+    with pytest.raises(ValueError, match=r"a TP2 instance on CPU is not supported"):
+        check_model_dir(path, cfg, tensor_parallel_size=2, device_type="cpu")
+    with pytest.raises(ValueError, match=r"--rollout.max-total-tokens 5000 exceeds the model's max_position_embeddings 4096"):
+        check_model_dir(path, RolloutConfig(**{**CFG, "max_total_tokens": 5000}), tensor_parallel_size=1, device_type="cuda")
+
+
+# ---- with vLLM -----------------------------------------------------------------------------------
+
+if HAS_VLLM:
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class ScriptLogits(AdapterLogitsProcessor):
+        """vLLM's side of `Scripted`: +bias on `script[p]` for the token written at position p."""
+
+        @classmethod
+        def validate_params(cls, params):
+            pass
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def new_req_logits_processor(self, params):
+            script = (params.extra_args or {}).get("libra_script")
+            if not script:
+                return None
+            bias = params.extra_args["libra_bias"]
+
+            def apply(prompt_ids, output_ids, logits):
+                tok = script.get(len(prompt_ids) + len(output_ids))
+                if tok is not None:
+                    logits[tok] += bias
+                return logits
+
+            return apply
+
+
+@pytest.fixture(scope="module")
+def tiny64(tmp_path_factory):
+    model, tok = build_tiny(0, head_dim=64)
+    return model, tok, save_policy_dir(model, tok, tmp_path_factory.mktemp("vllm") / "tiny64")
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny64):
+    from engine.vllm_engine import VllmRolloutEngine
+
+    model, tok, path = tiny64
+    script = make_script(tok)
+    eng = VllmRolloutEngine(path, tok, RolloutConfig(**CFG), kv_cache_mb=64, engine_kwargs={"logits_processors": [ScriptLogits]},
+                            sampling_extra_args={"libra_script": script, "libra_bias": 30.0})
+    yield eng
+    eng.close()
+
+
+def requests(tok, n, rng):
+    return [RolloutRequest(f"r{i}", task_for(i), FakeEpisode(rng.choice([0.0, 0.003])),
+                           render_prompt(tok, task_for(i).messages, ()), "g") for i in range(n)]
+
+
+def plain_requests(tok, n, prefix="p"):
+    return [RolloutRequest(f"{prefix}{i}", task_for(i), FakeEpisode(), render_prompt(tok, task_for(i).messages, ()), "g") for i in range(n)]
+
+
+def unscripted(eng):
+    """The shared engine with its script switched off (the processor returns None without one)."""
+    class Off:
+        def __enter__(self):
+            self.saved, eng._extra_args = eng._extra_args, None
+
+        def __exit__(self, *exc):
+            eng._extra_args = self.saved
+
+    return Off()
+
+
+@needs_vllm
+def test_greedy_tokens_and_logprobs_equal_the_torch_engine(tiny64, vllm_engine):
+    model, tok, _ = tiny64
+    ref, _ = run(RolloutEngine(model, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 4))
+    with unscripted(vllm_engine):
+        got, _ = run(vllm_engine, plain_requests(tok, 4))
+    assert set(got) == set(ref)
+    for rid, traj in got.items():
+        assert traj.token_ids == ref[rid].token_ids and traj.loss_mask == ref[rid].loss_mask, rid
+        assert traj.num_model_tokens > 0 and traj.policy_versions == [0] and traj.finish_reason == ref[rid].finish_reason
+        assert max(abs(a - b) for a, b in zip(traj.logprobs, ref[rid].logprobs)) < 1e-3
+
+
+@needs_vllm
+def test_multi_turn_tool_trajectory_equals_the_torch_engine(tiny64, vllm_engine):
+    model, tok, _ = tiny64
+    ref, _ = run(RolloutEngine(Scripted(model, make_script(tok)), tok, RolloutConfig(**CFG), device="cpu"), requests(tok, 3, random.Random(0)))
+    got, seen = run(vllm_engine, requests(tok, 3, random.Random(0)))
+    for rid, traj in got.items():
+        # a good call, a malformed one, then eos: three model turns, tool output masked 0
+        assert len(traj.turns) == 3 and traj.finish_reason == "stop", (rid, traj.turns, traj.finish_reason)
+        assert traj.tool_outcomes == [("calc", "small", "success"), ("<parse>", "small", "failure")] and traj.reward == 2.0
+        assert traj.token_ids == ref[rid].token_ids and traj.loss_mask == ref[rid].loss_mask and traj.turns == ref[rid].turns
+        assert max(abs(a - b) for a, b in zip(traj.logprobs, ref[rid].logprobs)) < 1e-3
+        assert all(traj.loss_mask[i] == 0 for i in range(traj.turns[0][1], traj.turns[1][0]))
+    assert sum(isinstance(e, ToolReturned) for e in seen) == 6
+
+
+@needs_vllm
+@pytest.mark.parametrize("direction", ["vllm_to_torch", "torch_to_vllm"])
+def test_migration_between_engines_gives_the_uninterrupted_tokens(tiny64, vllm_engine, direction):
+    model, tok, _ = tiny64
+    torch_eng = RolloutEngine(Scripted(model, make_script(tok)), tok, RolloutConfig(**CFG), device="cpu", instance_id=1)
+    alone, _ = run(RolloutEngine(Scripted(model, make_script(tok)), tok, RolloutConfig(**CFG), device="cpu"), requests(tok, 3, random.Random(3)))
+    src, dst = (vllm_engine, torch_eng) if direction == "vllm_to_torch" else (torch_eng, vllm_engine)
+    reqs = requests(tok, 3, random.Random(3))
+    done, _ = run(src, reqs, migrate_to=dst, migrate={"r1", "r2"})
+    assert set(done) == {"r0", "r1", "r2"}
+    for rid, traj in done.items():
+        assert traj.token_ids == alone[rid].token_ids and traj.loss_mask == alone[rid].loss_mask and traj.turns == alone[rid].turns
+    assert len(done["r1"].instances) == 2 and len(done["r0"].instances) == 1
+
+
+@needs_vllm
+def test_set_weights_changes_the_output_in_place(tiny64, vllm_engine):
+    model, tok, _ = tiny64
+    other, _ = build_tiny(1, head_dim=64)
+    llm = vllm_engine.llm
+    with unscripted(vllm_engine):
+        before, _ = run(vllm_engine, plain_requests(tok, 1, "a"))
+        vllm_engine.add(plain_requests(tok, 1, "w")[0])
+        for _ in range(10):
+            vllm_engine.step()
+        vllm_engine.set_weights(dict(other.state_dict()), 7)
+        mixed, _ = run(vllm_engine, [])
+        after, _ = run(vllm_engine, plain_requests(tok, 1, "b"))
+        ref, _ = run(RolloutEngine(other, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 1, "c"))
+        vllm_engine.set_weights(dict(model.state_dict()), 8)  # the shared engine's weights back
+        vllm_engine.step()
+    assert vllm_engine.llm is llm  # no restart
+    assert mixed["w0"].policy_versions == [0, 7]
+    assert after["b0"].token_ids != before["a0"].token_ids and after["b0"].policy_versions == [7]
+    assert after["b0"].token_ids == ref["c0"].token_ids  # the new weights, not a mix (no stale prefix-cache hit)
