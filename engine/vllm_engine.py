@@ -22,10 +22,14 @@ top_p == 1 (with top_p < 1 vLLM renormalises over the nucleus). Sampling with te
 seeded per submission by (seed, request id, tokens so far): independent of the batch, but not the
 torch engine's stream.
 
-vLLM is configured for this runtime before it is imported: the engine core runs in this process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: weight loading calls into the model directly) and on CPU it pins
-no core (`VLLM_CPU_OMP_THREADS_BIND=nobind`: our ranks share the cores); both are `setdefault`, so a
-user's own setting wins. The KV cache size is explicit (`kv_cache_mb`), not a fraction of memory.
+Processes: vLLM builds its own torch.distributed world where its model runs, and a Libra rank already
+holds the default process group (a second one cannot exist). So inside a rank (torch.distributed
+initialised) the engine core runs in one spawned child process and new weights reach it through a
+safetensors file in /dev/shm read by `WeightFileLoader`, vLLM's worker extension (tensors inside RPC
+arguments arrive as lists); elsewhere (tests, bench) it runs in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and gets the tensors directly. On CPU vLLM pins no core
+(`VLLM_CPU_OMP_THREADS_BIND=nobind`: our ranks share the cores). These are `os.environ.setdefault`,
+so a user's own setting wins. The KV cache size is explicit (`kv_cache_mb`), not a fraction of memory.
 
 Invariants (tests/test_vllm_engine.py, run only where vLLM is installed): greedy tokens equal the
 torch engine's on the same weights (fp32); a multi-turn tool trajectory equals the torch engine's;
@@ -39,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -76,6 +81,7 @@ def check_vllm() -> str:
 def _vllm_env() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
@@ -109,6 +115,53 @@ def check_backend(cfg) -> None:
     check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=detect(cfg.run.device).kind, where=repr(cfg.run.model))
 
 
+def script_logits_processor():
+    """A vLLM logits processor class that makes greedy decoding write chosen tokens on cue, the vLLM side of
+    tests/scripted_model.py and bench/rollout.py's `bias_policy`. Per request, from `SamplingParams.extra_args`:
+    `libra_script` {position: token}, `libra_bias`, optional `libra_banned` token ids and `libra_ban`: at the
+    position p being written, banned tokens lose `libra_ban`, then `script[p]` gains `libra_bias`. Passed to the
+    engine as `engine_kwargs={"logits_processors": [cls]}` (a class, so built only where vLLM is installed)."""
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class ScriptLogits(AdapterLogitsProcessor):
+        @classmethod
+        def validate_params(cls, params):
+            pass
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def new_req_logits_processor(self, params):
+            extra = params.extra_args or {}
+            script = extra.get("libra_script")
+            if not script:
+                return None
+            bias, ban, banned = extra["libra_bias"], extra.get("libra_ban", 0.0), list(extra.get("libra_banned", ()))
+
+            def apply(prompt_ids, output_ids, logits):
+                if banned:
+                    logits[banned] -= ban
+                tok = script.get(len(prompt_ids) + len(output_ids))
+                if tok is not None:
+                    logits[tok] += bias
+                return logits
+
+            return apply
+
+    return ScriptLogits
+
+
+class WeightFileLoader:
+    """Mixed into vLLM's worker (`worker_extension_cls`): new weights from a safetensors file, in place."""
+
+    def libra_load_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        named = load_file(path)
+        self.reload_weights(weights_iterator=list(named.items()), is_checkpoint_format=True)
+        return len(named)
+
+
 class _VllmRunner:
     """The part of `BatchRunner`'s surface the shared engine code uses, over an `LLMEngine`."""
 
@@ -117,8 +170,9 @@ class _VllmRunner:
     model = None
     cache = None
 
-    def __init__(self, llm, device_type: str):
+    def __init__(self, llm, device_type: str, multiprocess: bool):
         self.llm = llm
+        self.multiprocess = multiprocess
         self.device = torch.device("cpu")  # per-request torch generators (unused here) live on the host
         self.device_type = device_type
         self.rows: list[str] = []  # requests submitted to vLLM and not finished there
@@ -175,7 +229,24 @@ class _VllmRunner:
     def set_weights(self, named: dict) -> None:
         # vLLM's in-place reload: checkpoint names in, its own fusing/repacking after (a plain
         # `model.load_weights` fails on CPU once the loader has repacked the linear layers)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named.items()), "is_checkpoint_format": True})
+        if not self.multiprocess:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named.items()), "is_checkpoint_format": True})
+            return
+        # an engine core in another process: tensors inside RPC arguments arrive as nested lists, so they go
+        # through a safetensors file in shared memory that WeightFileLoader (its worker's extension) reads
+        from safetensors.torch import save_file
+
+        seen, unique = set(), {}
+        for name, t in named.items():
+            t = t.detach().cpu().contiguous()
+            # tied weights share storage, which safetensors refuses: copy the second name (vLLM's reload of a
+            # tied model needs lm_head.weight too, else its output is wrong)
+            unique[name] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.NamedTemporaryFile(suffix=".safetensors", dir=shm) as f:
+            save_file(unique, f.name)
+            self.llm.collective_rpc("libra_load_weights", args=(f.name,))
 
     def recompute_all(self) -> None:
         """Forget every cached KV; vLLM preempts the running requests and re-prefills them."""
@@ -187,7 +258,7 @@ class VllmRolloutEngine(RolloutEngine):
     def __init__(self, model_dir, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0,
                  instance_id: int = 0, tensor_parallel_size: int = 1, dtype: str = "float32", kv_cache_mb: int = 512,
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
-                 sampling_extra_args: dict | None = None):
+                 sampling_extra_args: dict | None = None, multiprocess: bool | None = None):
         device_type = torch.device(device).type
         config = json.loads((Path(model_dir) / "config.json").read_text())
         check_layout(config, cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type, where=str(model_dir))
@@ -203,14 +274,19 @@ class VllmRolloutEngine(RolloutEngine):
         if device_type == "cpu":
             args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
         args.update(engine_kwargs or {})
-        self.llm = LLMEngine.from_engine_args(EngineArgs(**args))
+        # a rank already holds torch.distributed's default group, and vLLM builds its own world in the process that
+        # runs its model: there the engine core runs in a child process (spawned, never forked from a rank)
+        if multiprocess is None:
+            multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized()
+        args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
+        self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=multiprocess)
         self.recompute_kv_on_update = recompute_kv_on_update
         self._extra_args = sampling_extra_args
         try:
             gen = GenerationConfig.from_pretrained(model_dir)
         except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos alone
             gen = SimpleNamespace(eos_token_id=None)
-        self._init_state(_VllmRunner(self.llm, device_type), tokenizer, cfg, policy_version, instance_id, generation_config=gen)
+        self._init_state(_VllmRunner(self.llm, device_type, multiprocess), tokenizer, cfg, policy_version, instance_id, generation_config=gen)
 
     # ---- the two places the torch engine runs its model --------------------------------------
     def _join(self, events: list) -> None:

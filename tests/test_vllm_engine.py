@@ -75,34 +75,6 @@ def test_libra_with_the_vllm_backend_fails_at_start_up_in_one_line(tmp_path):
 
 # ---- with vLLM -----------------------------------------------------------------------------------
 
-if HAS_VLLM:
-    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
-
-    class ScriptLogits(AdapterLogitsProcessor):
-        """vLLM's side of `Scripted`: +bias on `script[p]` for the token written at position p."""
-
-        @classmethod
-        def validate_params(cls, params):
-            pass
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def new_req_logits_processor(self, params):
-            script = (params.extra_args or {}).get("libra_script")
-            if not script:
-                return None
-            bias = params.extra_args["libra_bias"]
-
-            def apply(prompt_ids, output_ids, logits):
-                tok = script.get(len(prompt_ids) + len(output_ids))
-                if tok is not None:
-                    logits[tok] += bias
-                return logits
-
-            return apply
-
-
 @pytest.fixture(scope="module")
 def tiny64(tmp_path_factory):
     model, tok = build_tiny(0, head_dim=64)
@@ -111,11 +83,12 @@ def tiny64(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_engine(tiny64):
-    from engine.vllm_engine import VllmRolloutEngine
+    from engine.vllm_engine import VllmRolloutEngine, script_logits_processor
 
     model, tok, path = tiny64
     script = make_script(tok)
-    eng = VllmRolloutEngine(path, tok, RolloutConfig(**CFG), kv_cache_mb=64, engine_kwargs={"logits_processors": [ScriptLogits]},
+    eng = VllmRolloutEngine(path, tok, RolloutConfig(**CFG), kv_cache_mb=64,
+                            engine_kwargs={"logits_processors": [script_logits_processor()]},
                             sampling_extra_args={"libra_script": script, "libra_bias": 30.0})
     yield eng
     eng.close()
@@ -205,3 +178,25 @@ def test_set_weights_changes_the_output_in_place(tiny64, vllm_engine):
     assert mixed["w0"].policy_versions == [0, 7]
     assert after["b0"].token_ids != before["a0"].token_ids and after["b0"].policy_versions == [7]
     assert after["b0"].token_ids == ref["c0"].token_ids  # the new weights, not a mix (no stale prefix-cache hit)
+
+
+@needs_vllm
+def test_engine_core_in_a_child_process_as_in_a_rank(tiny64):
+    """Inside a rank vLLM's engine core runs in a spawned child (a rank's default process group rules out vLLM's
+    own world there) and weights travel through a file: same greedy tokens, and an update lands in place."""
+    from engine.vllm_engine import VllmRolloutEngine
+
+    model, tok, path = tiny64
+    other, _ = build_tiny(1, head_dim=64)
+    eng = VllmRolloutEngine(path, tok, RolloutConfig(**CFG), kv_cache_mb=64, multiprocess=True)
+    try:
+        before, _ = run(eng, plain_requests(tok, 2, "m"))
+        eng.set_weights(dict(other.state_dict()), 5)
+        after, _ = run(eng, plain_requests(tok, 2, "n"))
+    finally:
+        eng.close()
+    ref_old, _ = run(RolloutEngine(model, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 2, "m"))
+    ref_new, _ = run(RolloutEngine(other, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 2, "n"))
+    assert {k: v.token_ids for k, v in before.items()} == {k: v.token_ids for k, v in ref_old.items()}
+    assert {k: v.token_ids for k, v in after.items()} == {k: v.token_ids for k, v in ref_new.items()}
+    assert all(t.policy_versions == [5] for t in after.values())
