@@ -118,7 +118,7 @@ def check_backend(cfg) -> None:
 def script_logits_processor():
     """A vLLM logits processor class that makes greedy decoding write chosen tokens on cue, the vLLM side of
     tests/scripted_model.py and bench/rollout.py's `bias_policy`. Per request, from `SamplingParams.extra_args`:
-    `libra_script` {position: token}, `libra_bias`, optional `libra_banned` token ids and `libra_ban`: at the
+    `libra_script` {position: token} and `libra_bias`, and/or `libra_banned` token ids and `libra_ban`: at the
     position p being written, banned tokens lose `libra_ban`, then `script[p]` gains `libra_bias`. Passed to the
     engine as `engine_kwargs={"logits_processors": [cls]}` (a class, so built only where vLLM is installed)."""
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
@@ -133,10 +133,10 @@ def script_logits_processor():
 
         def new_req_logits_processor(self, params):
             extra = params.extra_args or {}
-            script = extra.get("libra_script")
-            if not script:
+            script, banned = extra.get("libra_script") or {}, list(extra.get("libra_banned", ()))
+            if not script and not banned:
                 return None
-            bias, ban, banned = extra["libra_bias"], extra.get("libra_ban", 0.0), list(extra.get("libra_banned", ()))
+            bias, ban = extra.get("libra_bias", 0.0), extra.get("libra_ban", 0.0)
 
             def apply(prompt_ids, output_ids, logits):
                 if banned:

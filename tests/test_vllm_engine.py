@@ -172,12 +172,41 @@ def test_set_weights_changes_the_output_in_place(tiny64, vllm_engine):
         mixed, _ = run(vllm_engine, [])
         after, _ = run(vllm_engine, plain_requests(tok, 1, "b"))
         ref, _ = run(RolloutEngine(other, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 1, "c"))
-        vllm_engine.set_weights(dict(model.state_dict()), 8)  # the shared engine's weights back
+        vllm_engine.set_weights(dict(model.state_dict()), 0)  # the shared engine's weights (and their cached KV) back
         vllm_engine.step()
     assert vllm_engine.llm is llm  # no restart
     assert mixed["w0"].policy_versions == [0, 7]
     assert after["b0"].token_ids != before["a0"].token_ids and after["b0"].policy_versions == [7]
     assert after["b0"].token_ids == ref["c0"].token_ids  # the new weights, not a mix (no stale prefix-cache hit)
+
+
+@needs_vllm
+@pytest.mark.parametrize("recompute", [False, True])
+def test_an_update_recomputes_in_flight_kv_only_when_asked(tiny64, vllm_engine, recompute):
+    """As the torch engine (tests/test_rollout.py): after an update, a running request's tokens are sampled by the new
+    weights; with recompute (AReaL) over KV recomputed with them, so their log-probs equal a teacher-forced pass of
+    the new model; without it (partial rollout) over the old KV, so they do not."""
+    model, tok, _ = tiny64
+    new, _ = build_tiny(1, head_dim=64)
+    vllm_engine.recompute_kv_on_update, recomputed = recompute, vllm_engine.num_recomputed
+    try:
+        with unscripted(vllm_engine):
+            vllm_engine.add(plain_requests(tok, 1, "k")[0])
+            for _ in range(10):
+                vllm_engine.step()
+            vllm_engine.set_weights(dict(new.state_dict()), 7)
+            traj = run(vllm_engine, [])[0]["k0"]
+            vllm_engine.set_weights(dict(model.state_dict()), 0)
+            vllm_engine.step()
+    finally:
+        vllm_engine.recompute_kv_on_update = False
+    assert traj.policy_versions == [0, 7] and vllm_engine.num_recomputed - recomputed == int(recompute)
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(new(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0, :-1], -1)
+    after = [i for i in range(traj.prompt_len, traj.num_tokens) if traj.versions[i] == 7]
+    gap = max(abs(logp[i - 1, traj.token_ids[i]].item() - traj.logprobs[i]) for i in after)
+    assert (gap < 1e-3) == recompute, gap
 
 
 @needs_vllm
@@ -200,3 +229,28 @@ def test_engine_core_in_a_child_process_as_in_a_rank(tiny64):
     assert {k: v.token_ids for k, v in before.items()} == {k: v.token_ids for k, v in ref_old.items()}
     assert {k: v.token_ids for k, v in after.items()} == {k: v.token_ids for k, v in ref_new.items()}
     assert all(t.policy_versions == [5] for t in after.values())
+
+
+@needs_vllm
+def test_smollm2_greedy_equals_the_torch_engine():
+    """The packaged SmolLM2-135M in fp32 on both engines: the same greedy tokens, log-probs within 1e-3."""
+    from engine.models import load_policy, smollm2_dir
+    from engine.vllm_engine import VllmRolloutEngine
+
+    model, tok = load_policy("smollm2")
+    cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=48, max_turns=1, max_total_tokens=1024, max_batch=4)
+    questions = ["What is 12 + 7?", "Name the capital of France.", "Write a haiku about rivers."]
+
+    def reqs():
+        return [RolloutRequest(f"s{i}", task_for(i), FakeEpisode(), render_prompt(tok, ({"role": "user", "content": q},), ()), "g")
+                for i, q in enumerate(questions)]
+
+    ref, _ = run(RolloutEngine(model, tok, cfg, device="cpu"), reqs())
+    eng = VllmRolloutEngine(smollm2_dir(), tok, cfg, kv_cache_mb=256, multiprocess=True)  # beside the module's in-process one
+    try:
+        got, _ = run(eng, reqs())
+    finally:
+        eng.close()
+    for rid, traj in got.items():
+        assert traj.token_ids == ref[rid].token_ids, (rid, tok.decode(traj.token_ids[traj.prompt_len:]), tok.decode(ref[rid].token_ids[ref[rid].prompt_len:]))
+        assert max(abs(a - b) for a, b in zip(traj.logprobs, ref[rid].logprobs)) < 1e-3
