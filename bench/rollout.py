@@ -131,11 +131,12 @@ def vllm_engine(model, tok, script, banned, args):
     if args.no_vllm or importlib.util.find_spec("vllm") is None:
         return None, "not installed (LIBRA_VLLM=1 bash run.sh)" if not args.no_vllm else "--no-vllm"
     from engine.models import save_policy_dir
-    from engine.vllm_engine import VllmRolloutEngine, script_logits_processor
+    from engine.vllm_engine import VllmRolloutEngine
+    from engine.vllm_script import ScriptLogits
 
     path = save_policy_dir(model, tok, Path(tempfile.mkdtemp(prefix="libra-bench-")) / "policy")
     try:
-        eng = VllmRolloutEngine(path, tok, _cfg(args), kv_cache_mb=1024, engine_kwargs={"logits_processors": [script_logits_processor()]},
+        eng = VllmRolloutEngine(path, tok, _cfg(args), kv_cache_mb=1024, engine_kwargs={"logits_processors": [ScriptLogits]},
                                 sampling_extra_args={"libra_script": script, "libra_bias": 60.0, "libra_ban": 30.0, "libra_banned": banned})
     except ValueError as exc:
         return None, str(exc)

