@@ -219,7 +219,7 @@ class VllmRolloutEngine(RolloutEngine):
     def __init__(self, model_dir, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0,
                  instance_id: int = 0, tensor_parallel_size: int = 1, dtype: str = "float32", kv_cache_mb: int = 512,
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
-                 sampling_extra_args: dict | None = None):
+                 sampling_extra_args: dict | None = None, threads: int = 0):
         device_type = torch.device(device).type
         config = json.loads((Path(model_dir) / "config.json").read_text())
         check_layout(config, cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type, where=str(model_dir))
@@ -236,7 +236,16 @@ class VllmRolloutEngine(RolloutEngine):
             args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
         args.update(engine_kwargs or {})
         args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
-        self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)  # why: module docstring
+        # the child computes with this process's thread count (vLLM drops to 1 unless OMP_NUM_THREADS says otherwise)
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(threads or torch.get_num_threads())
+        try:
+            self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)  # why: module docstring
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS")
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
         self.recompute_kv_on_update = recompute_kv_on_update
         self._extra_args = sampling_extra_args
         try:
