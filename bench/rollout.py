@@ -134,12 +134,14 @@ def vllm_engine(model, tok, script, banned, args):
     from engine.vllm_engine import VllmRolloutEngine
     from engine.vllm_script import ScriptLogits
 
-    path = save_policy_dir(model, tok, Path(tempfile.mkdtemp(prefix="libra-bench-")) / "policy")
-    try:
-        eng = VllmRolloutEngine(path, tok, _cfg(args), kv_cache_mb=1024, engine_kwargs={"logits_processors": [ScriptLogits]},
-                                sampling_extra_args={"libra_script": script, "libra_bias": 60.0, "libra_ban": 30.0, "libra_banned": banned})
-    except ValueError as exc:
-        return None, str(exc)
+    with tempfile.TemporaryDirectory(prefix="libra-bench-") as tmp:  # vLLM reads the weights at start-up only
+        path = save_policy_dir(model, tok, Path(tmp) / "policy")
+        try:
+            eng = VllmRolloutEngine(path, tok, _cfg(args), kv_cache_mb=1024, engine_kwargs={"logits_processors": [ScriptLogits]},
+                                    sampling_extra_args={"libra_script": script, "libra_bias": 60.0, "libra_ban": 30.0,
+                                                         "libra_banned": banned})
+        except ValueError as exc:
+            return None, str(exc)
     return eng, ""
 
 

@@ -91,12 +91,13 @@ def main() -> None:
     from engine.vllm_engine import VllmRolloutEngine
     from engine.vllm_script import ScriptLogits
 
-    path = save_policy_dir(model, tok, Path(tempfile.mkdtemp(prefix="libra-bench-")) / "policy")
-    t0 = time.perf_counter()
-    vllm = VllmRolloutEngine(path, tok, cfg, dtype=args.dtype, kv_cache_mb=1024,
-                             engine_kwargs={"logits_processors": [ScriptLogits]},
-                             sampling_extra_args={"libra_banned": banned, "libra_ban": args.ban})
-    start_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="libra-bench-") as tmp:  # vLLM reads the weights at start-up only
+        path = save_policy_dir(model, tok, Path(tmp) / "policy")
+        t0 = time.perf_counter()
+        vllm = VllmRolloutEngine(path, tok, cfg, dtype=args.dtype, kv_cache_mb=1024,
+                                 engine_kwargs={"logits_processors": [ScriptLogits]},
+                                 sampling_extra_args={"libra_banned": banned, "libra_ban": args.ban})
+        start_s = time.perf_counter() - t0
     ban_hook(model, banned, args.ban)
     runs = {"engine": [], "vllm": []}
     drive(RolloutEngine(model, tok, cfg), prompts[:2])  # warm-up
