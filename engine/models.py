@@ -34,7 +34,8 @@ import torch
 
 from engine.chat import SPECIAL_STRINGS, render_prompt, render_tool_response, render_text, tools_block
 
-__all__ = ["build_tiny", "load_policy", "model_arch_name", "render_prompt", "render_tool_response", "smollm2_dir"]
+__all__ = ["build_tiny", "load_policy", "model_arch_name", "policy_dir", "render_prompt", "render_tool_response", "save_policy_dir",
+           "smollm2_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ def tiny_tokenizer():
     return hf
 
 
-def _tiny_config(tokenizer):
+def _tiny_config(tokenizer, head_dim: int = 16):
     from transformers import Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=4 * head_dim, intermediate_size=8 * head_dim, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None, rope_theta=10000.0,
@@ -91,12 +92,13 @@ def _tiny_config(tokenizer):
     return config
 
 
-def build_tiny(seed: int = 0):
-    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode."""
+def build_tiny(seed: int = 0, *, head_dim: int = 16):
+    """A seeded random Qwen2 (~100k parameters) and its in-memory tokenizer, in eval mode; `head_dim=64`
+    makes one that vLLM's CPU attention runs (it has no kernel for 16)."""
     from transformers import Qwen2ForCausalLM
 
     tokenizer = tiny_tokenizer()
-    config = _tiny_config(tokenizer)
+    config = _tiny_config(tokenizer, head_dim)
     gen = torch.random.fork_rng(devices=[])
     with gen:
         torch.manual_seed(seed)
@@ -104,6 +106,21 @@ def build_tiny(seed: int = 0):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
+
+
+def save_policy_dir(model, tokenizer, target: Path) -> Path:
+    """Write `model` and `tokenizer` as a HF checkpoint dir (safetensors) that another engine (vLLM) loads;
+    written to a temp dir and renamed into place, so a reader never sees half of it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def cache_root() -> Path:
@@ -183,6 +200,22 @@ def load_policy(spec: str, *, device="cpu", dtype=torch.float32, seed: int = 0):
         tokenizer.libra_template = "hermes"
         return model, tokenizer
     return _load_dir(_local_dir(spec), device=device, dtype=dtype)
+
+
+def policy_dir(spec: str, seed: int = 0) -> Path:
+    """A HF checkpoint dir of `spec` for an engine that loads from disk (vLLM): the converted SmolLM2, a
+    local dir as given, or the tiny model saved once under the cache dir."""
+    if spec != "tiny":
+        return _resolve_dir(spec)
+    target = cache_root() / f"tiny-seed{seed}"
+    if not (target / "config.json").is_file():
+        model, tokenizer = build_tiny(seed)
+        try:
+            save_policy_dir(model, tokenizer, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another rank renamed its copy first: keep theirs
+                raise
+    return target
 
 
 def _resolve_dir(spec: str) -> Path:

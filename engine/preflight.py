@@ -10,7 +10,8 @@ a failure inside a rank would come back with its traceback (engine/launch.py). S
      probes namespaces and runs our interpreter, `--data` loads, the level has tasks) or the
      `--env`/`--reward` plug-ins; its sandboxes warn nothing here (the rank's do);
   3. the model: config, weight files, tokenizer (engine/models.py `check_model`), no tensor loaded;
-     `--rollout.dtype bfloat16` on a CPU without bf16 matmul.
+     `--rollout.dtype bfloat16` on a CPU without bf16 matmul;
+     with `--rollout.backend vllm`, that vLLM imports and runs this model (engine/vllm_engine.py `check_backend`).
 Nothing is written under the run dir (the env's sandbox makes and removes its own work dirs). The
 simulator (`--sim`) builds no env and loads no model: it runs only 1, without torch.
 
@@ -45,6 +46,10 @@ def check_run_inputs(cfg, run_dir: Path) -> None:
             from engine.precision import precision_for
 
             precision_for(detect(cfg.run.device).kind, cfg.rollout.dtype)
+        if cfg.rollout.backend == "vllm":
+            from engine.vllm_engine import check_backend
+
+            check_backend(cfg)  # vLLM imports (else: the set-up command), the model's layout fits it
 
 
 def check_resume(run_dir: Path) -> None:

@@ -114,14 +114,19 @@ def _score_and_close(episode, final_text: str, score: bool):
 class RolloutEngine:
     def __init__(self, model, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0, tp_group=None,
                  instance_id: int = 0, recompute_kv_on_update: bool = False):
-        self.tokenizer = tokenizer
         # AReaL-style: a weight update interrupts in-flight requests and their KV is recomputed
         # with the new weights (re-prefill); the default keeps the old KV (partial rollout)
         self.recompute_kv_on_update = recompute_kv_on_update
+        self._init_state(BatchRunner(model, device=device, tp_group=tp_group), tokenizer, cfg, policy_version, instance_id,
+                         generation_config=getattr(model, "generation_config", None))
+
+    def _init_state(self, runner, tokenizer, cfg: RolloutConfig, policy_version: int, instance_id: int, *, generation_config) -> None:
+        """Everything but the runner's construction (engine/vllm_engine.py brings its own runner)."""
+        self.tokenizer = tokenizer
         self.cfg = cfg
         self.policy_version = policy_version
         self.instance_id = instance_id
-        self.runner = BatchRunner(model, device=device, tp_group=tp_group)
+        self.runner = runner
         self.seqs: dict[str, _Seq] = {}
         self.ready: collections.deque[str] = collections.deque()
         self.pool = cf.ThreadPoolExecutor(cfg.tool_workers, thread_name_prefix="libra-tool") if self.runner.is_leader else None
@@ -130,18 +135,18 @@ class RolloutEngine:
         self._leader_idle = True
         self._offloaded = False
         self.num_recomputed = 0  # requests whose KV a weight update made this engine recompute
-        self.eos_ids = self._eos_ids(tokenizer, model)
+        self.eos_ids = self._eos_ids(tokenizer, generation_config)
         close = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
         self._close_call_id = close[0] if len(close) == 1 else None
         self._close_tail = len(close) + 2
 
     @staticmethod
-    def _eos_ids(tokenizer, model) -> set[int]:
+    def _eos_ids(tokenizer, generation_config) -> set[int]:
         ids = {tokenizer.eos_token_id}
         im_end = tokenizer.encode(IM_END, add_special_tokens=False)
         if len(im_end) == 1:
             ids.add(im_end[0])
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        gen_eos = getattr(generation_config, "eos_token_id", None)
         ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         return {i for i in ids if i is not None}
 

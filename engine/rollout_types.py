@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.api import OutcomeState
 
-
+BACKENDS = ("torch", "vllm")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -29,9 +29,12 @@ class RolloutConfig:
     seed: int = 0  # sampling seed; each request draws from its own generator seeded by (seed, request_id)
     progress_every_tokens: int = 64  # emit Progress at most once per this many tokens of a request
     dtype: str = "auto"  # rollout model dtype: auto (bfloat16 on GPU/NPU, float32 on CPU) | float32 | bfloat16
+    backend: str = "torch"  # rollout engine: torch (engine/rollout.py) | vllm (engine/vllm_engine.py; LIBRA_VLLM=1 bash run.sh)
+    vllm_kv_cache_mb: int = 1024  # --rollout.backend vllm: the KV cache of each instance (host memory on CPU)
 
     def __post_init__(self):
-        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens"):
+        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens",
+                     "vllm_kv_cache_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1; set a positive value")
         if self.temperature < 0:
@@ -40,6 +43,9 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling")
         if self.dtype not in ROLLOUT_DTYPES:
             raise ValueError(f"RolloutConfig.dtype={self.dtype!r} is unknown; use one of {ROLLOUT_DTYPES}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"RolloutConfig.backend={self.backend!r} must be one of {', '.join(BACKENDS)}; "
+                             "pass --rollout.backend torch (the default) or vllm")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"RolloutConfig.tool_timeout_s={self.tool_timeout_s} must be > 0; set a positive number of seconds")
 

@@ -8,7 +8,8 @@ Loop of a worker (global rank >= 1):
   3. meanwhile a thread beats (wall time + role) on the store (`engine.control.Heartbeat`).
 Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
 step (the followers replay its KV ops) or "mailbox" before a collective command, so every rank
-of the instance enters the same collective at the same time.
+of the instance enters the same collective at the same time. With `--rollout.backend vllm` a TP1
+instance's engine is a `VllmRolloutEngine` (engine/vllm_engine.py) over the model saved as a directory.
 
 Episodes (tool state, sandboxes, work dirs) live in the coordinator, so a trajectory can move to
 another instance without moving any files: the engine gets a `RemoteEpisode` whose `execute` and
@@ -203,6 +204,10 @@ class Worker:
 
         model, tokenizer = self._load_model(self.precision.rollout_dtype)
         self.specs = manifest(model.state_dict())
+        if self.cfg.rollout.backend == "vllm":
+            self.engine = self._vllm_engine(inst, tokenizer)
+            self.instance = inst
+            return
         tp_group = self.groups.tp.get(inst.instance_id)
         if tp_group is not None:
             from engine.tp import parallelize
@@ -212,6 +217,22 @@ class Worker:
                                     tp_group=tp_group, instance_id=inst.instance_id,
                                     recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)
         self.instance = inst
+
+    def _vllm_engine(self, inst, tokenizer):
+        """A vLLM engine for this instance (the HF model was loaded only for the weight receiver's manifest)."""
+        from engine.models import policy_dir
+        from engine.vllm_engine import VllmRolloutEngine
+
+        if len(inst.ranks) > 1 and self.device.type != "cpu":
+            # on CPU check_layout refuses TP>1 with its reason; on a GPU the instance's follower ranks would each start
+            # their own engine: one vLLM engine over the instance's k devices is not wired here yet
+            raise ValueError(f"--rollout.backend vllm: instance {inst.instance_id} has TP degree {len(inst.ranks)}; only TP1 "
+                             "instances run on vLLM so far: use TP1 buckets or --rollout.backend torch")
+        return VllmRolloutEngine(policy_dir(self.cfg.run.model, self.cfg.run.seed), tokenizer, self.cfg.rollout, device=self.device,
+                                 policy_version=self.version, instance_id=inst.instance_id, tensor_parallel_size=len(inst.ranks),
+                                 dtype=str(self.precision.rollout_dtype).removeprefix("torch."),
+                                 kv_cache_mb=self.cfg.rollout.vllm_kv_cache_mb,
+                                 recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)
 
     def _close_engine(self) -> None:
         if self.engine is not None:

@@ -5,6 +5,7 @@ from transformers import DynamicCache
 
 from engine.kv_cache import InPlaceCache
 from engine.models import build_tiny
+from engine.rollout_runner import cache_kwarg
 
 
 def _decode(model, cache, first_ids, mask, steps: int) -> list[torch.Tensor]:
@@ -12,7 +13,7 @@ def _decode(model, cache, first_ids, mask, steps: int) -> list[torch.Tensor]:
     out, ids, lens = [], first_ids, mask.sum(-1)
     for _ in range(steps):
         mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], cache=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): cache}, use_cache=True).logits[:, -1]
         out.append(logits)
         ids, lens = logits.argmax(-1, keepdim=True), lens + 1
     return out
@@ -29,7 +30,7 @@ def test_in_place_cache_matches_dynamic_cache_across_a_doubling():
     mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     prefill = DynamicCache()
-    first = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=prefill, use_cache=True).logits[:, -1]
+    first = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): prefill}, use_cache=True).logits[:, -1]
     first_ids = first.argmax(-1, keepdim=True)
     parts = [([(lay.keys, lay.values) for lay in prefill.layers], width)]
 

@@ -10,6 +10,7 @@ records the behaviour log-probs and policy versions exactly as the rollout engin
 import torch
 
 from engine.models import build_tiny, render_prompt
+from engine.rollout_runner import cache_kwarg
 from engine.trainer import Trainer, TrainerConfig
 from engine.trajectory import Trajectory
 from examples.digits_env import DigitEnv
@@ -30,7 +31,7 @@ def sample(model, prompts, gen):
         tok = torch.multinomial(logp.exp(), 1, generator=gen)
         tokens.append(tok)
         logprobs.append(logp.gather(1, tok))
-        out = model(input_ids=tok, cache=out.past_key_values, use_cache=True)
+        out = model(input_ids=tok, **{cache_kwarg(): out.past_key_values}, use_cache=True)
     return torch.cat(tokens, 1).tolist(), torch.cat(logprobs, 1).tolist()
 
 
