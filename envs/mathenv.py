@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import random
 import sys
 from dataclasses import dataclass
@@ -177,8 +178,10 @@ class MathEnv:
         if level is not None and not 0 <= level < NUM_LEVELS:
             raise ValueError(f"math: level={level} must be in [0, {NUM_LEVELS - 1}]; pick one of those or None.")
         self.cfg, self.seed, self.level = cfg, seed, level
+        # the CPU limit a second past the wall timeout: equal, a busy loop on a quiet machine could be killed
+        # for CPU a moment before the timeout is seen, and report "failure" instead of "timeout"
         self.sandbox = sandbox or Sandbox(SandboxConfig.from_env(
-            env_cfg, timeout_s=cfg.timeout_s, cpu_s=max(1, int(cfg.timeout_s)), memory_mb=cfg.memory_mb,
+            env_cfg, timeout_s=cfg.timeout_s, cpu_s=math.ceil(cfg.timeout_s) + 1, memory_mb=cfg.memory_mb,
             max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent))
         self.sandbox.check_interpreter(["-c", "pass"], "its standard library")
         self.grader = MathGrader(timeout_s=cfg.grade_timeout_s, num_workers=cfg.grade_workers)
