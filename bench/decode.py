@@ -27,11 +27,12 @@ import torch
 
 from engine import rollout_runner
 from engine.models import load_policy
+from engine.precision import cpu_has_bf16_matmul
 from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
 from envs.base import Task
 
 
-class _NoTools:
+class NoTools:
     def execute(self, call):
         raise AssertionError("plain decode runs no tools")
 
@@ -67,23 +68,29 @@ def concat_cache():
         rollout_runner.InPlaceCache = saved
 
 
-def run_engine(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
-    cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=new_tokens, max_turns=1,
-                        max_total_tokens=max(map(len, ids_list)) + new_tokens + 1, max_batch=len(ids_list))
-    engine = RolloutEngine(model, tok, cfg)
+def drive(engine, ids_list: list[list[int]]) -> tuple[list[list[int]], float]:
+    """Decode every prompt to its end on `engine` (torch or vLLM backend); each row's new tokens, and the wall time."""
     task = Task(task_id="t", bench="toy", messages=({"role": "user", "content": "x"},), tools=())
     start = time.perf_counter()
     for i, ids in enumerate(ids_list):
-        engine.add(RolloutRequest(f"r{i}", task, _NoTools(), list(ids), "g"))
+        engine.add(RolloutRequest(f"r{i}", task, NoTools(), list(ids), "g"))
     out = {}
     while not engine.idle:
         for event in engine.step():
             if isinstance(event, Finished):
                 traj = event.trajectory
                 out[traj.request_id] = traj.token_ids[traj.prompt_len:]
-    elapsed = time.perf_counter() - start
-    engine.close()
-    return [out[f"r{i}"] for i in range(len(ids_list))], elapsed
+    return [out[f"r{i}"] for i in range(len(ids_list))], time.perf_counter() - start
+
+
+def run_engine(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
+    cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=new_tokens, max_turns=1,
+                        max_total_tokens=max(map(len, ids_list)) + new_tokens + 1, max_batch=len(ids_list))
+    engine = RolloutEngine(model, tok, cfg)
+    try:
+        return drive(engine, ids_list)
+    finally:
+        engine.close()
 
 
 def run_generate(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
@@ -98,10 +105,6 @@ def run_generate(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]]
     elapsed = time.perf_counter() - start
     rows = [row[:next((i + 1 for i, t in enumerate(row) if t in stop), len(row))] for row in out[:, width:].tolist()]
     return rows, elapsed
-
-
-def bf16_matmul_available() -> bool:
-    return bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
 def main() -> None:
@@ -120,7 +123,7 @@ def main() -> None:
     systems = {"engine": lambda: run_engine(model, tok, ids_list, args.new_tokens),
                "engine-concat": lambda: _concat(model, tok, ids_list, args.new_tokens),
                "generate": lambda: run_generate(model, tok, ids_list, args.new_tokens)}
-    if bf16_matmul_available():
+    if cpu_has_bf16_matmul():
         model16, _ = load_policy(args.model, device="cpu", dtype=torch.bfloat16)
         model16.eval()
         systems["engine-bf16"] = lambda: run_engine(model16, tok, ids_list, args.new_tokens)

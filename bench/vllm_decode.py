@@ -21,23 +21,12 @@ from pathlib import Path
 
 import torch
 
+from bench.decode import drive
 from engine.chat import IM_END, TOOL_CALL_CLOSE
 from engine.models import load_policy, save_policy_dir
-from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
-from envs.base import Task
+from engine.rollout import RolloutConfig, RolloutEngine
 
 WORDS = "the quick brown fox jumps over the lazy dog while seven curious otters count river stones".split()
-
-
-class NoTools:
-    def execute(self, call):
-        raise AssertionError("this workload calls no tool")
-
-    def score(self, final_text):
-        return 0.0
-
-    def close(self):
-        pass
 
 
 def prompts_of(tok, n: int, length: int) -> list[list[int]]:
@@ -56,16 +45,11 @@ def ban_hook(model, banned: list[int], ban: float):
     return model.register_forward_hook(hook)
 
 
-def drive(engine, prompts, reset=None) -> tuple[int, float]:
+def timed(engine, prompts, reset=None) -> tuple[int, float]:
     if reset is not None:
         reset()
-    t0, tokens = time.perf_counter(), 0
-    for i, ids in enumerate(prompts):
-        task = Task(task_id=f"p{i}", bench="plain", messages=(), tools=())
-        engine.add(RolloutRequest(f"p{i}", task, NoTools(), ids, "g"))
-    while not engine.idle:
-        tokens += sum(e.trajectory.num_model_tokens for e in engine.step() if isinstance(e, Finished))
-    return tokens, time.perf_counter() - t0
+    rows, wall_s = drive(engine, prompts)
+    return sum(map(len, rows)), wall_s
 
 
 def main() -> None:
@@ -100,11 +84,11 @@ def main() -> None:
         start_s = time.perf_counter() - t0
     ban_hook(model, banned, args.ban)
     runs = {"engine": [], "vllm": []}
-    drive(RolloutEngine(model, tok, cfg), prompts[:2])  # warm-up
-    drive(vllm, prompts[:2])
+    timed(RolloutEngine(model, tok, cfg), prompts[:2])  # warm-up
+    timed(vllm, prompts[:2])
     for _ in range(args.rounds):
-        runs["engine"].append(drive(RolloutEngine(model, tok, cfg), prompts))
-        runs["vllm"].append(drive(vllm, prompts, reset=vllm.llm.reset_prefix_cache))
+        runs["engine"].append(timed(RolloutEngine(model, tok, cfg), prompts))
+        runs["vllm"].append(timed(vllm, prompts, reset=vllm.llm.reset_prefix_cache))
     vllm.close()
     best = {k: min(v, key=lambda r: r[1]) for k, v in runs.items()}
     speed = {k: tokens / wall_s for k, (tokens, wall_s) in best.items()}
