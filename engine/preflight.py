@@ -41,15 +41,24 @@ def check_run_inputs(cfg, run_dir: Path) -> None:
         from engine.models import check_model
 
         check_model(cfg.run.model)
-        if cfg.rollout.dtype == "bfloat16":  # refused on a CPU without bf16 matmul
-            from engine.devices import detect
-            from engine.precision import precision_for
+        check_rollout_engine(cfg)
 
-            precision_for(detect(cfg.run.device).kind, cfg.rollout.dtype)
-        if cfg.rollout.backend == "vllm":
-            from engine.vllm_engine import check_backend
 
-            check_backend(cfg)  # vLLM imports (else: the set-up command), the model's layout fits it
+def check_rollout_engine(cfg) -> None:
+    """`--rollout.dtype bfloat16` on a CPU with bf16 matmul; `--rollout.backend vllm` where vLLM runs this model."""
+    if cfg.rollout.dtype != "bfloat16" and cfg.rollout.backend != "vllm":
+        return
+    from engine.devices import detect
+
+    kind = detect(cfg.run.device).kind
+    if cfg.rollout.dtype == "bfloat16":
+        from engine.precision import precision_for
+
+        precision_for(kind, cfg.rollout.dtype)  # refused on a CPU without bf16 matmul
+    if cfg.rollout.backend == "vllm":
+        from engine.vllm_engine import check_backend
+
+        check_backend(cfg, kind)  # vLLM imports (else: the set-up command), the model's layout fits it
 
 
 def check_resume(run_dir: Path) -> None:

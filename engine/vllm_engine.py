@@ -110,14 +110,13 @@ def check_layout(config: dict, cfg: RolloutConfig, *, tensor_parallel_size: int,
                          f"{max_pos} ({where}); vLLM refuses a longer context: pass --rollout.max-total-tokens {max_pos}")
 
 
-def check_backend(cfg) -> None:
+def check_backend(cfg, device_type: str) -> None:
     """The launcher's check of `--rollout.backend vllm` (engine/preflight.py): vLLM imports, the model fits it."""
-    from engine.devices import detect
     from engine.models import load_config
 
     check_vllm()
     config = load_config(cfg.run.model).to_dict()
-    check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=detect(cfg.run.device).kind, where=repr(cfg.run.model))
+    check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=device_type, where=repr(cfg.run.model))
 
 
 class WeightFileLoader:
