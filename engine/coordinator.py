@@ -87,7 +87,8 @@ class Coordinator:
         self.core = core.StepCore(core_config(cfg, parts.spec), parts.router, parts.planner, role_map, state=resume)
         self.groups_mgr = GroupManager(ctx.store, global_rank=0, world_size=ctx.world_size, rank_offset=WORKER_OFFSET,
                                        timeout_s=cfg.launch.timeout_s, device_kind=ctx.device_info.kind,
-                                       devices=ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None)
+                                       devices=ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None,
+                                       leader_engines=cfg.rollout.backend == "vllm")
         self.pool = cf.ThreadPoolExecutor(max(8, cfg.rollout.tool_workers), thread_name_prefix="libra-env")
         self.writer = RunWriter(self.out)
         self.resumed_from = resume.step if resume else None

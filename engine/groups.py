@@ -8,7 +8,9 @@ with the same map at the same step boundary:
      named (a skipped `new_group` would otherwise hang everyone: PLATFORM.md);
   2. create the new groups, always in this order: trainer group, one TP group per rollout
      instance with TP > 1 (by instance id), the weight-sync group (first trainer rank + every
-     rollout rank). A trainer or TP group whose rank set is unchanged is kept, not re-created
+     rollout rank). With `leader_engines` (`--rollout.backend vllm`) an instance's engine spans its
+     ranks by itself: the leader's vLLM runs one worker per rank of the instance in its own world, so
+     there is no TP group and only each instance's leader joins the weight sync. A trainer or TP group whose rank set is unchanged is kept, not re-created
      (every rank makes the same choice from the same two maps), so an untouched FSDP trainer or
      TP instance keeps its device mesh and its in-flight state across the change;
   3. destroy the previous groups that were not kept.
@@ -64,7 +66,8 @@ class Groups:
 
 class GroupManager:
     def __init__(self, store: dist.Store, *, global_rank: int, world_size: int, rank_offset: int, timeout_s: float = 60.0,
-                 device_kind: str = "cpu", devices: list[str] | None = None):
+                 device_kind: str = "cpu", devices: list[str] | None = None, leader_engines: bool = False):
+        self.leader_engines = leader_engines  # vLLM: an instance's leader hosts the engine over all its ranks
         self.device_kind = device_kind  # cpu | cuda | npu
         self.devices = devices  # device key ("host/cuda:0") per global rank; None: every rank on CPU
         self.store = store
@@ -96,18 +99,19 @@ class GroupManager:
             self._destroy([pg for pg in old.owned if id(pg) not in kept])
         return self.current
 
-    def _keys(self, worker_ranks) -> list[str]:
+    def device_keys(self, worker_ranks) -> list[str]:
+        """Each worker rank's device key (\"host/cuda:0\"); empty on CPU."""
         return [self.devices[r] for r in self.to_global(worker_ranks)] if self.devices else []
 
     def _check_devices(self, role_map: RoleMap) -> None:
         if not self.devices:
             return
         if len(role_map.trainer_ranks) > 1:
-            check_compute_group(self.device_kind, self._keys(role_map.trainer_ranks),
+            check_compute_group(self.device_kind, self.device_keys(role_map.trainer_ranks),
                                 f"role map v{role_map.version}: the trainer group {list(role_map.trainer_ranks)}")
         for inst in role_map.instances:
             if inst.tp > 1:
-                check_compute_group(self.device_kind, self._keys(inst.ranks),
+                check_compute_group(self.device_kind, self.device_keys(inst.ranks),
                                     f"role map v{role_map.version}: TP{inst.tp} instance {inst.instance_id} {list(inst.ranks)}")
 
     def _agree(self, role_map: RoleMap) -> None:
@@ -149,14 +153,15 @@ class GroupManager:
         groups = Groups(role_map=role_map)
         groups.trainer = self._new_group(role_map.trainer_ranks, groups, reusable)
         for inst in sorted(role_map.instances, key=lambda i: i.instance_id):
-            if inst.tp > 1:
+            if inst.tp > 1 and not self.leader_engines:
                 pg = self._new_group(inst.ranks, groups, reusable)
                 if pg is not None:
                     groups.tp[inst.instance_id] = pg
         src = role_map.trainer_ranks[0]
-        sync_members = sorted({src, *role_map.rollout_ranks})
+        receivers = [i.ranks[0] for i in role_map.instances] if self.leader_engines else role_map.rollout_ranks
+        sync_members = sorted({src, *receivers})
         if len(sync_members) > 1:
-            groups.sync_backend = group_backend(self.device_kind, self._keys(sync_members)) if self.devices else None
+            groups.sync_backend = group_backend(self.device_kind, self.device_keys(sync_members)) if self.devices else None
             groups.sync = self._new_group(sync_members, groups, backend=groups.sync_backend)
         groups.sync_src = src + self.rank_offset
         log.debug("rank %d built groups for %s", self.global_rank, role_map.describe())

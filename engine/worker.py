@@ -8,8 +8,11 @@ Loop of a worker (global rank >= 1):
   3. meanwhile a thread beats (wall time + role) on the store (`engine.control.Heartbeat`).
 Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
 step (the followers replay its KV ops) or "mailbox" before a collective command, so every rank
-of the instance enters the same collective at the same time. With `--rollout.backend vllm` a TP1
-instance's engine is a `VllmRolloutEngine` (engine/vllm_engine.py) over the model saved as a directory.
+of the instance enters the same collective at the same time. With `--rollout.backend vllm` an
+instance's engine is a `VllmRolloutEngine` (engine/vllm_engine.py) on its leader, over the model
+saved as a directory, with one vLLM worker per rank of the instance (`tensor_parallel_size` = its
+TP degree, each on that rank's device); its followers run no engine, join no TP group and no
+weight sync (engine/groups.py `leader_engines`), and only take the collective commands.
 
 Episodes (tool state, sandboxes, work dirs) live in the coordinator, so a trajectory can move to
 another instance without moving any files: the engine gets a `RemoteEpisode` whose `execute` and
@@ -136,7 +139,8 @@ class Worker:
         self.mailbox = ctx.mailbox
         self.groups_mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size,
                                        rank_offset=WORKER_OFFSET, timeout_s=cfg.launch.timeout_s,
-                                       device_kind=ctx.device_info.kind, devices=_device_keys(ctx, cfg))
+                                       device_kind=ctx.device_info.kind, devices=_device_keys(ctx, cfg),
+                                       leader_engines=cfg.rollout.backend == "vllm")
         self.groups: Groups | None = None
         self.link = ToolLink(self.mailbox, cfg.rollout.tool_timeout_s + 120.0)
         self.engine = None
@@ -200,14 +204,15 @@ class Worker:
             self.engine.instance_id = inst.instance_id
             return
         self._close_engine()
+        if self.cfg.rollout.backend == "vllm":
+            self.instance = inst
+            if inst.ranks[0] == self.idx:  # the leader's engine runs the whole instance; a follower lends its device
+                self.engine = self._vllm_engine(inst)
+            return
         from engine.rollout import RolloutEngine
 
         model, tokenizer = self._load_model(self.precision.rollout_dtype)
         self.specs = manifest(model.state_dict())
-        if self.cfg.rollout.backend == "vllm":
-            self.engine = self._vllm_engine(inst, tokenizer)
-            self.instance = inst
-            return
         tp_group = self.groups.tp.get(inst.instance_id)
         if tp_group is not None:
             from engine.tp import parallelize
@@ -218,20 +223,21 @@ class Worker:
                                     recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)
         self.instance = inst
 
-    def _vllm_engine(self, inst, tokenizer):
-        """A vLLM engine for this instance (the HF model was loaded only for the weight receiver's manifest)."""
+    def _vllm_engine(self, inst):
+        """A vLLM engine over the instance's ranks: `tensor_parallel_size` = its TP degree, one vLLM worker per rank,
+        each on that rank's device (GPU/NPU) or with that rank's threads (CPU). The HF model is loaded only for the
+        weight receiver's manifest."""
         from engine.models import policy_dir
         from engine.vllm_engine import VllmRolloutEngine
 
-        if len(inst.ranks) > 1 and self.device.type != "cpu":
-            # on CPU check_layout refuses TP>1 with its reason; on a GPU the instance's follower ranks would each start
-            # their own engine: one vLLM engine over the instance's k devices is not wired here yet
-            raise ValueError(f"--rollout.backend vllm: instance {inst.instance_id} has TP degree {len(inst.ranks)}; only TP1 "
-                             "instances run on vLLM so far: use TP1 buckets or --rollout.backend torch")
+        model, tokenizer = self._load_model(self.precision.rollout_dtype)
+        self.specs = manifest(model.state_dict())
+        del model
+        keys = self.groups_mgr.device_keys(inst.ranks)
         return VllmRolloutEngine(policy_dir(self.cfg.run.model, self.cfg.run.seed), tokenizer, self.cfg.rollout, device=self.device,
                                  policy_version=self.version, instance_id=inst.instance_id, tensor_parallel_size=len(inst.ranks),
                                  dtype=str(self.precision.rollout_dtype).removeprefix("torch."),
-                                 kv_cache_mb=self.cfg.rollout.vllm_kv_cache_mb,
+                                 kv_cache_mb=self.cfg.rollout.vllm_kv_cache_mb, devices=keys,
                                  recompute_kv_on_update=get_system(self.cfg.run.system).interrupt_on_update)
 
     def _close_engine(self) -> None:
@@ -246,7 +252,8 @@ class Worker:
 
     @property
     def tp_follower(self) -> bool:
-        return self.instance is not None and self.instance.ranks[0] != self.idx
+        """A TP rank that replays its leader's engine steps (torch backend; a vLLM follower only lends its device)."""
+        return self.instance is not None and self.instance.ranks[0] != self.idx and self.engine is not None
 
     def _tick(self, what: str | None) -> str:
         """Leader -> followers of this TP instance: what every rank does next."""
@@ -373,7 +380,9 @@ class Worker:
         t0 = time.perf_counter()
         rm = self.groups.role_map
         named = self.trainer.full_state_dict() if self.trainer is not None else None
-        if rm.colocated:
+        if rm.colocated and self.engine is None:  # a vLLM instance's follower: its leader's engine holds the weights
+            pass
+        elif rm.colocated:
             self.engine.reload()  # back on the device (a no-op unless offloaded for training)
             self.engine.set_weights(named, version)
         elif self.idx == rm.trainer_ranks[0] and self.groups.sync is not None:

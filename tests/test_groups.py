@@ -1,4 +1,4 @@
-"""Process groups rebuilt from role maps on 8 gloo ranks: sums, disagreement, no leaks."""
+"""Process groups rebuilt from role maps on 8 gloo ranks: sums, disagreement, no leaks; vLLM's leader-only layout."""
 
 import os
 import random
@@ -97,6 +97,25 @@ def test_unchanged_groups_are_kept_and_changed_ones_rebuilt():
     out = spawn(_keep_unchanged, 4, device_info=CPU, timeout_s=30)
     assert [same for same, _ in out] == [True, True, True, True]  # (None is None on non-members)
     assert [rebuilt_same for _, rebuilt_same in out] == [False, False, False, False]
+
+
+def _leader_engines(ctx):
+    """vLLM's layout: an instance's leader hosts the engine over its ranks, so no TP group, and weights go only
+    to the trainer's first rank and each instance's leader."""
+    mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=30,
+                       leader_engines=True)
+    rm = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("long", 2), ("short", 1)), buckets=BUCKETS, version=1)
+    g = mgr.apply(rm)
+    leaders = sorted({rm.trainer_ranks[0], *(i.ranks[0] for i in rm.instances)})
+    _check_sum(g.sync, leaders, ctx.rank)
+    mgr.destroy()
+    return dict(g.tp), leaders
+
+
+def test_leader_engines_make_no_tp_group_and_sync_only_the_leaders():
+    out = spawn(_leader_engines, 4, device_info=CPU, timeout_s=30)
+    assert all(tp == {} for tp, _ in out)
+    assert out[0][1] == [0, 1, 3]  # trainer 0, TP2 instance on ranks 1-2 (leader 1), TP1 instance on rank 3
 
 
 # ---- ranks that share a device (what NCCL refuses), decided on gloo with fake device keys --------

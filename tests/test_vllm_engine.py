@@ -6,6 +6,7 @@ tests: each drives it to idle and puts back what it changed (weights, flags).
 """
 
 import importlib.util
+import json
 import random
 import subprocess
 import sys
@@ -51,11 +52,23 @@ def test_unsupported_layouts_are_refused_before_vllm_starts():
     config = load_config("tiny").to_dict()
     cfg = RolloutConfig(**CFG)
     with pytest.raises(ValueError, match=r"head_dim 16, which vLLM's CPU attention does not support"):
-        check_layout(config, cfg, tensor_parallel_size=1, device_type="cpu", where="'tiny'")
-    with pytest.raises(ValueError, match=r"a TP2 instance on CPU is not supported"):
-        check_layout(config, cfg, tensor_parallel_size=2, device_type="cpu", where="'tiny'")
+        check_layout(config, cfg, device_type="cpu", where="'tiny'")
     with pytest.raises(ValueError, match=r"--rollout.max-total-tokens 5000 exceeds the model's max_position_embeddings 4096"):
-        check_layout(config, RolloutConfig(**{**CFG, "max_total_tokens": 5000}), tensor_parallel_size=1, device_type="cuda", where="'tiny'")
+        check_layout(config, RolloutConfig(**{**CFG, "max_total_tokens": 5000}), device_type="cuda", where="'tiny'")
+
+
+def test_a_tp_instance_engine_core_sees_exactly_its_devices(monkeypatch):
+    from engine.vllm_engine import visible_devices_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_devices_env([]) == {}  # CPU: threads, no devices
+    assert visible_devices_env(["node/cuda:2", "node/cuda:3"]) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the rank's cuda:2 is physical device 6
+    assert visible_devices_env(["node/cuda:2", "node/cuda:3"]) == {"CUDA_VISIBLE_DEVICES": "6,7"}
+    with pytest.raises(ValueError, match="beyond CUDA_VISIBLE_DEVICES=4,5,6,7"):
+        visible_devices_env(["node/cuda:4"])
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    assert visible_devices_env(["node/npu:0", "node/npu:1"]) == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
 
 
 def test_libra_with_the_vllm_backend_fails_at_start_up_in_one_line(tmp_path):
@@ -233,3 +246,44 @@ def test_smollm2_greedy_equals_the_torch_engine():
     for rid, traj in got.items():
         assert traj.token_ids == ref[rid].token_ids, (rid, tok.decode(traj.token_ids[traj.prompt_len:]), tok.decode(ref[rid].token_ids[ref[rid].prompt_len:]))
         assert max(abs(a - b) for a, b in zip(traj.logprobs, ref[rid].logprobs)) < 1e-3
+
+
+@needs_vllm
+def test_a_tp2_instance_is_one_engine_over_two_workers(tiny64):
+    """A TP2 bucket instance on vLLM: one engine with tensor_parallel_size=2 (two workers in vLLM's own world, one
+    thread each, as two ranks' cores): the torch engine's greedy tokens, and a weight update reaches both shards."""
+    from engine.vllm_engine import VllmRolloutEngine
+
+    model, tok, path = tiny64
+    other, _ = build_tiny(1, head_dim=64)
+    ref, _ = run(RolloutEngine(model, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 3))
+    ref_new, _ = run(RolloutEngine(other, tok, RolloutConfig(**CFG), device="cpu"), plain_requests(tok, 1, "n"))
+    eng = VllmRolloutEngine(path, tok, RolloutConfig(**CFG), kv_cache_mb=64, tensor_parallel_size=2, threads=1,
+                            engine_kwargs={"block_size": 32})
+    try:
+        got, _ = run(eng, plain_requests(tok, 3))
+        eng.set_weights(dict(other.state_dict()), 5)
+        new, _ = run(eng, plain_requests(tok, 1, "n"))
+    finally:
+        eng.close()
+    assert {rid: t.token_ids for rid, t in got.items()} == {rid: t.token_ids for rid, t in ref.items()}
+    assert new["n0"].token_ids == ref_new["n0"].token_ids and new["n0"].policy_versions == [5]
+
+
+@needs_vllm
+def test_libra_runs_a_tp2_bucket_instance_on_vllm(tiny64, tmp_path):
+    """`libra.py --rollout.backend vllm` with a TP2 long bucket (4 ranks: trainer, short TP1, long TP2): the long
+    instance is one vLLM engine over both its ranks (its follower runs none), takes trajectories, trains and syncs."""
+    _, _, path = tiny64
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "libra.py", "--bench", "toy", "--model", str(path), "--rollout.backend", "vllm",
+                           "--device", "cpu", "--nproc", "4", "--steps", "2", "--system", "libra", "--planner.allowed-tp", "1,2",
+                           "--planner.profile", "none", "--rollout.vllm-kv-cache-mb", "64", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "long:TP2x1" in summary["role_map_first"] and summary["ledger"]["trained"] == summary["ledger"]["started"] > 0, summary
+    long_ = [json.loads(x)["instances"] for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert any(1 in inst for inst in long_), long_  # instance 1: the TP2 long bucket's
+    roles = [json.loads(p.read_text())["role"] for p in sorted((out / "ranks").glob("rank*.json"))]
+    assert sum("TP2" in r for r in roles) == 2, roles
