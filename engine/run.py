@@ -37,13 +37,17 @@ def valid_tp_degrees(cfg) -> tuple[int, ...]:
     from engine.models import load_config
 
     hf = load_config(cfg.run.model)
-    ok = []
+    ok, why = [], ""
     for tp in cfg.planner.allowed_tp:
         try:
             check_tp_degree(hf, tp)
             ok.append(tp)
-        except ValueError:
-            pass
+        except ValueError as exc:
+            why = why or str(exc).split(";")[0]
+    if not ok:
+        allowed = ",".join(map(str, cfg.planner.allowed_tp))
+        raise ValueError(f"--planner.allowed-tp {allowed}: the model {cfg.run.model!r} splits at none of these degrees "
+                         f"({why}); add 1, or a degree that divides them, to --planner.allowed-tp")
     return tuple(ok)
 
 
@@ -90,12 +94,11 @@ def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
 
 
 def _analytic_cost_model(model: str, device_kind: str):
-    from engine.models import model_arch_name
-    from scheduler.costmodel import MODELS, get_cost_model
+    from engine.models import model_spec
+    from scheduler.costmodel import HARDWARE, CostModel
 
-    arch = model_arch_name(model)
     hw = {"cpu": "cpu", "npu": "910b3"}.get(device_kind, "h100")
-    return get_cost_model(hw, arch if arch in MODELS else "qwen3-4b")
+    return CostModel(HARDWARE[hw], model_spec(model))  # a model outside the tables: its own shape
 
 
 def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:

@@ -287,3 +287,11 @@ def test_data_file_that_does_not_exist(tmp_path):
     line = _fails(2, *RUN, "--bench", "math", "--model", "tiny", "--data", str(data), "--out", str(tmp_path / "run"),
                   out=tmp_path / "run")
     assert f"{data} does not exist" in line and "pass the path of a .parquet or .jsonl file" in line
+
+
+def test_tp_degrees_the_model_cannot_split(tmp_path):
+    """--planner.allowed-tp with no degree the model splits at (tiny: 4 heads, 2 kv heads): one line, no run dir
+    (the coordinator used to fail inside its rank, after the launcher had fallen back to TP1)."""
+    line = _fails(2, *RUN, "--bench", "toy", "--model", "tiny", "--planner.allowed-tp", "8", "--out", str(tmp_path / "run"),
+                  out=tmp_path / "run")
+    assert "--planner.allowed-tp 8: the model 'tiny' splits at none of these degrees" in line and "kv heads (2)" in line
