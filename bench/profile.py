@@ -31,6 +31,7 @@ loaded 2-core box every figure is noisy; run it when the machine is quiet.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -298,7 +299,8 @@ def main() -> None:
         p.error(f"--quick measures training on 1 and {HANDOFF_RANKS} ranks; drop --max-trainer-ranks or --quick")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from engine.models import model_arch_name
+    from engine.models import model_arch_name, model_spec
+    from scheduler.costmodel import MODELS
 
     t_start = time.time()
     _say(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores){', quick' if args.quick else ''}")
@@ -312,8 +314,9 @@ def main() -> None:
         train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
         comm = measure_comm(num_params, args.ranks)
         handoff = measure_handoff(args.model)
+    arch, spec = model_arch_name(args.model), model_spec(args.model)
     profile = HardwareProfile(
-        model=args.model, arch=model_arch_name(args.model), device=args.device, hardware=args.device,
+        model=args.model, arch=arch, spec={} if arch in MODELS else dataclasses.asdict(spec), device=args.device, hardware=args.device,
         decode=tuple(decode), prefill=tuple(prefill), train_tokens_per_s=train, sync_s=comm["sync_s"],
         group_rebuild_s=comm["rebuild_s"],
         # a switch as the coordinator runs it: hand-off save, rebuild, new trainers built and loaded, a sync

@@ -34,7 +34,7 @@ import torch
 
 from engine.chat import SPECIAL_STRINGS, render_prompt, render_tool_response, render_text, tools_block
 
-__all__ = ["build_tiny", "load_policy", "model_arch_name", "policy_dir", "render_prompt", "render_tool_response", "save_policy_dir",
+__all__ = ["build_tiny", "load_policy", "model_arch_name", "model_spec", "policy_dir", "render_prompt", "render_tool_response", "save_policy_dir",
            "smollm2_dir"]
 
 log = logging.getLogger(__name__)
@@ -364,3 +364,26 @@ def model_arch_name(spec: str) -> str:
     if spec in ("tiny", "smollm2"):
         return "tiny" if spec == "tiny" else "smollm2-135m"
     return Path(spec.rstrip("/")).name.lower()
+
+
+def model_spec(spec: str):
+    """The cost model's `ModelSpec` for `--model`: the table's row for a known arch, else one read off the
+    model's own config (parameters counted on the meta device: no weight is loaded), so that a local
+    checkpoint under any name gets memory and TP ratios of its own shape instead of another model's."""
+    from scheduler.costmodel import MODELS, ModelSpec
+
+    arch = model_arch_name(spec)
+    if arch in MODELS:
+        return MODELS[arch]
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    heads = config.num_attention_heads
+    dtype = config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
+    return ModelSpec(name=arch, num_params=float(params), num_active_params=float(params), num_layers=config.num_hidden_layers,
+                     hidden=config.hidden_size, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                     head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads, num_heads=heads,
+                     bytes_per_param=4 if str(dtype).removeprefix("torch.") in ("float32", "None") else 2)

@@ -60,6 +60,11 @@ class HardwareProfile:
     gather_s: dict[int, float] = field(default_factory=dict)  # trainer ranks -> full-weight gather seconds; {} = free
     cores: int = 0  # CPU cores the ranks of a run share (device cpu); 0: every rank has a device of its own
     meta: dict = field(default_factory=dict)  # host, torch version, date, threads: for the reader
+    spec: dict = field(default_factory=dict)  # the ModelSpec's fields of a model outside the tables ({}: MODELS[arch])
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(**self.spec) if self.spec else MODELS[self.arch]
 
     def __post_init__(self) -> None:
         for name in ("decode", "prefill", "train_tokens_per_s"):
@@ -70,7 +75,12 @@ class HardwareProfile:
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times) or self.step_overhead_s < 0 \
                 or self.cores < 0:
             raise ValueError(f"profile: every measured time must be a positive finite number; {FIX}")
-        if self.arch not in MODELS or self.hardware not in HARDWARE:
+        if self.spec:
+            try:
+                ModelSpec(**self.spec)
+            except TypeError as exc:
+                raise ValueError(f"profile: malformed spec ({exc}); {FIX}") from None
+        if (self.arch not in MODELS and not self.spec) or self.hardware not in HARDWARE:
             raise ValueError(f"profile: arch {self.arch!r} / hardware {self.hardware!r} not in the cost model tables "
                              f"({sorted(MODELS)} / {sorted(HARDWARE)}); {FIX}")
 
@@ -91,7 +101,7 @@ class HardwareProfile:
                        reconfig_s=float(d["reconfig_s"]), step_overhead_s=float(d.get("step_overhead_s", 0.0)),
                        gather_s={int(k): float(v) for k, v in d.get("gather_s", {}).items()},
                        cores=int(d.get("cores", 0)),
-                       meta=dict(d.get("meta", {})))
+                       meta=dict(d.get("meta", {})), spec=dict(d.get("spec", {})))
         except KeyError as exc:
             raise ValueError(f"profile lacks the field {exc.args[0]!r}; {FIX}") from None
         except (TypeError, ValueError) as exc:
@@ -137,7 +147,7 @@ class ProfiledCostModel(CostModel):
     """The CostModel interface answered from a measured `HardwareProfile` (see the module docstring)."""
 
     def __init__(self, profile: HardwareProfile, model: ModelSpec | None = None):
-        super().__init__(HARDWARE[profile.hardware], model or MODELS[profile.arch])
+        super().__init__(HARDWARE[profile.hardware], model or profile.model_spec)
         self.profile = profile
         self.step_overhead_s = profile.step_overhead_s
         self.shared_cores = profile.cores

@@ -69,6 +69,19 @@ def test_model_arch_name():
     assert model_arch_name("/ckpt/Qwen3-4B/") == "qwen3-4b"
 
 
+def test_a_checkpoint_outside_the_cost_tables_gets_a_spec_of_its_own_shape(tmp_path):
+    """A local dir under a name the tables lack: the cost model's ModelSpec is read off its config (not another
+    model's row: a 4B model's memory made the planner ask 4 trainer ranks of a 1M-parameter model)."""
+    from engine.models import build_tiny, model_spec, save_policy_dir
+    from scheduler.costmodel import MODELS
+
+    model, tok = build_tiny(0, head_dim=64)
+    spec = model_spec(str(save_policy_dir(model, tok, tmp_path / "my-finetune")))
+    assert spec.name == "my-finetune" and spec.num_params == sum(p.numel() for p in model.parameters())
+    assert (spec.num_layers, spec.hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (2, 256, 4, 2, 64)
+    assert model_spec("smollm2") is MODELS["smollm2-135m"]
+
+
 def test_local_dir_round_trip(tiny, tmp_path):
     model, tok = tiny
     model.save_pretrained(tmp_path)

@@ -30,6 +30,16 @@ def test_a_profile_round_trips_through_json(tmp_path):
     assert isinstance(load_cost_model(path), ProfiledCostModel)
 
 
+def test_a_profile_of_a_model_outside_the_tables_carries_its_spec(tmp_path):
+    spec = dict(name="my-finetune", num_params=1.3e6, num_active_params=1.3e6, num_layers=2, hidden=256, num_kv_heads=2,
+                head_dim=64, bytes_per_param=4, num_heads=4)
+    path = profile(model="/ckpt/my-finetune", arch="my-finetune", spec=spec).save(tmp_path / "p.json")
+    cm = load_cost_model(path)
+    assert cm.model.name == "my-finetune" and cm.model.num_params == 1.3e6
+    with pytest.raises(ValueError, match="arch 'my-finetune' / hardware 'cpu' not in the cost model tables"):
+        profile(arch="my-finetune")  # no spec: nothing to size it by
+
+
 def test_measured_points_come_back_exactly_and_between_them_times_are_monotone():
     cm = ProfiledCostModel(profile())
     for b, c, t in DECODE:
