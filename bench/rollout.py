@@ -17,10 +17,12 @@ and prefills only new tokens. Speeds on shared CPUs swing a lot: the two alterna
 
 Where vLLM is installed (`LIBRA_VLLM=1 bash run.sh`), a third row runs the same workload on the vLLM
 backend (engine/vllm_engine.py, the script as a vLLM logits processor; its "forwards" are engine
-steps, its prefix cache is emptied before each round; `--no-vllm` leaves it out). A model vLLM
-cannot run (the tiny one: head_dim 16 on CPU) gets a line saying why instead.
+steps, its prefix cache is emptied before each round; `--no-vllm` leaves it out), and a fourth,
+`raw-vllm`, runs it on the same vLLM engine driven directly (`run_raw_vllm`: no Libra bookkeeping),
+so that the backend's overhead shows. A model vLLM cannot run (the tiny one: head_dim 16 on CPU)
+gets a line saying why instead.
 
-Prints a table, `vllm_vs_engine: V` when vLLM ran, and, last, `rollout_vs_generate: R` (engine model
+Prints a table, `vllm_vs_raw_vllm: O` and `vllm_vs_engine: V` when vLLM ran, and, last, `rollout_vs_generate: R` (engine model
 tokens/s over generate's).
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from engine.chat import TOOL_CALL_CLOSE, render_tool_response
+from engine.chat import TOOL_CALL_CLOSE, has_tool_call, render_tool_response
 from engine.models import load_policy, render_prompt
 from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
 from envs.base import Task, ToolResult
@@ -157,6 +159,73 @@ def run_vllm(eng, tasks, prompts, args) -> tuple[int, float, int]:
     return tokens, time.perf_counter() - t0, steps
 
 
+def run_raw_vllm(eng, tok, tasks, prompts, args) -> tuple[int, float, int]:
+    """The same workload on the same vLLM engine (weights, script, KV) driven directly, as a vLLM user would
+    write it: every trajectory submitted at once (vLLM's scheduler holds `max_batch` running), a turn that stops
+    at `</tool_call>` runs its tool on a thread pool and comes back as a new request over its whole context
+    (prefix cache on), sampled log-probs asked for (an RL rollout needs them). No Libra bookkeeping: what the
+    backend adds on top of this is its overhead."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    llm = eng.llm
+    llm.reset_prefix_cache()
+    close = tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
+    stop_ids = sorted(eng.eos_ids | (set(close) if len(close) == 1 else set()))
+
+    def ends_turn(seq: list[int]) -> str | None:  # a multi-token `</tool_call>` is seen in the text, as vLLM's stop strings do
+        if seq[-1] in eng.eos_ids:
+            return "eos"
+        hit = seq[-1] == close[0] if len(close) == 1 else tok.decode(seq[-len(close) - 2:]).endswith(TOOL_CALL_CLOSE)
+        return "call" if hit else None
+
+    episodes = {t.task_id: Episode(t.task_id, args.max_latency_s, args.seed) for t in tasks}
+    ids = {t.task_id: list(p) for t, p in zip(tasks, prompts)}
+    turns, turn_start, close_turn = dict.fromkeys(ids, 0), {}, {}
+    pool = cf.ThreadPoolExecutor(args.num_trajectories)
+    pending: dict[str, cf.Future] = {}
+    tokens, steps, live, t0 = 0, 0, len(ids), time.perf_counter()
+
+    def submit(rid):
+        turn_start[rid] = len(ids[rid])
+        params = SamplingParams(temperature=0.0, max_tokens=min(args.max_new_tokens, 4096 - len(ids[rid])), logprobs=0,
+                                stop_token_ids=stop_ids, ignore_eos=True, detokenize=False, skip_special_tokens=False,
+                                output_kind=RequestOutputKind.DELTA, extra_args=eng._extra_args)
+        llm.add_request(f"{rid}#{turns[rid]}", {"prompt_token_ids": list(ids[rid])}, params)
+
+    for rid in ids:
+        submit(rid)
+    while live:
+        for rid in [r for r, f in pending.items() if f.done()]:
+            ids[rid] += render_tool_response(tok, pending.pop(rid).result().text, close_turn=close_turn[rid])
+            turns[rid] += 1
+            submit(rid)
+        if not llm.has_unfinished_requests():
+            time.sleep(0.002)  # only tools in flight
+            continue
+        steps += 1
+        for out in llm.step():
+            rid, why = out.request_id.split("#")[0], None
+            for t in out.outputs[0].token_ids:
+                ids[rid].append(t)
+                tokens += 1
+                why = ends_turn(ids[rid])
+                if why:
+                    break
+            if why is None and not out.finished:
+                continue
+            if not out.finished:
+                llm.abort_request([out.request_id])  # stopped by text: vLLM does not know
+            # the engine's rule: a turn holding a tool call runs it (however it ended), unless it was the last turn
+            if has_tool_call(tok.decode(ids[rid][turn_start[rid]:])) and turns[rid] < 2 and len(ids[rid]) < 4096:
+                close_turn[rid] = why != "eos"
+                pending[rid] = pool.submit(episodes[rid].execute, None)
+            else:
+                live -= 1
+    pool.shutdown()
+    return tokens, time.perf_counter() - t0, steps
+
+
 def run_generate(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
     """Waves of `max_batch` trajectories (the same KV budget as the engine), each wave turn by turn."""
     tokens, wall_s, forwards = 0, 0.0, 0
@@ -168,7 +237,6 @@ def run_generate(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
 
 def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
     stop = [tok.eos_token_id] + tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)[-1:]
-    open_id = tok.encode(CALL, add_special_tokens=False)[0]
     episodes = {t.task_id: Episode(t.task_id, args.max_latency_s, args.seed) for t in tasks}
     live = {t.task_id: list(ids) for t, ids in zip(tasks, prompts)}
     pool = cf.ThreadPoolExecutor(args.num_trajectories)
@@ -185,13 +253,13 @@ def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
             end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
             live[r] += row[:end]
             tokens += end
-            # the engine's rule: a turn holding a tool call runs it, unless it was the last turn
-            if row[end - 1] == stop[-1] and open_id in row[:end] and turn < 2:
-                calls[r] = pool.submit(episodes[r].execute, None)
+            # the engine's rule: a turn holding a tool call runs it (however it ended), unless it was the last turn
+            if has_tool_call(tok.decode(row[:end])) and turn < 2:
+                calls[r] = (pool.submit(episodes[r].execute, None), row[end - 1] != stop[0])
             else:
                 del live[r]
-        for r, fut in calls.items():
-            live[r] += render_tool_response(tok, fut.result().text)
+        for r, (fut, close_turn) in calls.items():
+            live[r] += render_tool_response(tok, fut.result().text, close_turn=close_turn)
         live = {r: ids for r, ids in live.items() if r in calls}
         if not live:
             break
@@ -222,12 +290,13 @@ def main() -> None:
     if vllm is not None:
         run_vllm(vllm, tasks[:2], prompts[:2], args)
     # this machine's speed swings by tens of percent: alternate the systems and keep each one's best
-    runs = {"engine": [], "generate": []} | ({"vllm": []} if vllm is not None else {})
+    runs = {"engine": [], "generate": []} | ({"vllm": [], "raw-vllm": []} if vllm is not None else {})
     for _ in range(args.rounds):
         runs["engine"].append(run_engine(model, tok, tasks, prompts, args))
         runs["generate"].append(run_generate(model, tok, tasks, prompts, args))
         if vllm is not None:
             runs["vllm"].append(run_vllm(vllm, tasks, prompts, args))
+            runs["raw-vllm"].append(run_raw_vllm(vllm, tok, tasks, prompts, args))
     best = {name: min(r, key=lambda x: x[1]) for name, r in runs.items()}
     speed = {name: tokens / wall_s for name, (tokens, wall_s, _) in best.items()}
     print(f"{'system':<12}{'model tokens':>14}{'forwards':>10}{'best wall s':>13}{'tokens/s':>12}   all wall s")
@@ -239,6 +308,7 @@ def main() -> None:
         print(f"vllm: not run: {why_not}")
     else:
         vllm.close()
+        print(f"vllm_vs_raw_vllm: {speed['vllm'] / speed['raw-vllm']:.2f}")
         print(f"vllm_vs_engine: {speed['vllm'] / speed['engine']:.2f}")
     print(f"rollout_vs_generate: {speed['engine'] / speed['generate']:.2f}")
 
