@@ -152,8 +152,34 @@ def check_compute_group(kind: str, member_keys: list[str], what: str) -> None:
 
 
 def empty_cache(device: torch.device) -> None:
-    """Return cached blocks of the device allocator (after freeing rollout memory)."""
+    """Return cached blocks of the device allocator (after freeing rollout memory); on CPU, the C heap's."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
     elif device.type == "npu":
         torch.npu.empty_cache()
+    else:
+        trim_host_heap()
+
+
+_MALLOC_TRIM: list = []  # [libc.malloc_trim or None], looked up once
+
+
+def trim_host_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc `malloc_trim(0)`); False where libc has none.
+
+    PyTorch's CPU tensors under glibc's mmap threshold (up to 32 MB) come from the heap, and pages a
+    forward pass freed stay resident while the backward allocates others: trimming between them cut a
+    2k-token SmolLM2 training step's peak RSS from 3.0 to 2.65 GB at the same speed (a fixed
+    MALLOC_MMAP_THRESHOLD_ cut less and was 30% slower)."""
+    if not _MALLOC_TRIM:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _MALLOC_TRIM.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _MALLOC_TRIM.append(None)
+    if _MALLOC_TRIM[0] is None:
+        return False
+    _MALLOC_TRIM[0](0)
+    return True

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from engine.devices import trim_host_heap
 from engine.algos import group_advantages, kl_penalty, ppo_clip_loss
 from engine.precision import Precision, autocast, fsdp_mp_policy, precision_for
 from engine.trainer_config import TrainerConfig
@@ -203,12 +204,18 @@ class Trainer:
             kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
             loss = loss + cfg.kl_coef * kl
         # FSDP2 averages gradients over the group; the loss is already a global sum, so undo it.
+        self._trim_host_heap()  # the forward's freed pages, before the backward allocates its own
         (loss * self.num_ranks).backward()
+        self._trim_host_heap()  # and the backward's, before the next micro-batch or the optimizer's state
         out = {"loss": loss.item(), "pg_loss": pg_loss.item(), "kl": kl.item()}
         out.update({k: v.item() for k, v in pg_metrics.items()})
         if recompute is not None:
             out["recomputed_tokens"] = float((recompute & (mask > 0)).sum())
         return out
+
+    def _trim_host_heap(self) -> None:
+        if self.device.type == "cpu":  # on a GPU the caching allocator keeps blocks on purpose
+            trim_host_heap()
 
     def _recompute_mask(self, versions: torch.Tensor, policy_version: int) -> torch.Tensor | None:
         mode = self.cfg.recompute_logprobs

@@ -60,3 +60,25 @@ def test_backend_per_group():
     check_compute_group("cpu", ["h/cpu", "h/cpu"], "trainer")
     with pytest.raises(ValueError, match=r"TP2 would put 2 ranks on 1 device\(s\) \(h/cuda:3 shared\)"):
         check_compute_group("cuda", ["h/cuda:3", "h/cuda:3"], "TP2")
+
+
+def test_trimming_the_host_heap_gives_freed_pages_back():
+    """glibc keeps freed heap chunks resident; trim_host_heap (malloc_trim) gives their pages back to the OS. Many
+    1 MB tensors on the heap freed, but for the last one, which pins the heap's top (no automatic trim)."""
+    import psutil
+
+    from engine.devices import trim_host_heap
+
+    if not trim_host_heap():
+        pytest.skip("this libc has no malloc_trim")
+    big = torch.ones(4 << 20)
+    del big  # freeing a 16 MB mmapped chunk raises glibc's mmap threshold above 1 MB: the next ones come from the heap
+    keep = [torch.ones(1 << 18) for _ in range(400)]  # 400 x 1 MB, touched
+    last = keep.pop()
+    before = psutil.Process().memory_info().rss
+    del keep
+    held = psutil.Process().memory_info().rss
+    trim_host_heap()
+    after = psutil.Process().memory_info().rss
+    assert last.sum() > 0
+    assert after < held - 200 * 2**20, (before >> 20, held >> 20, after >> 20)
