@@ -9,10 +9,11 @@ with the same map at the same step boundary:
   2. create the new groups, always in this order: trainer group, one TP group per rollout
      instance with TP > 1 (by instance id), the weight-sync group (first trainer rank + every
      rollout rank). With `leader_engines` (`--rollout.backend vllm`) an instance's engine spans its
-     ranks by itself: the leader's vLLM runs one worker per rank of the instance in its own world, so
-     there is no TP group and only each instance's leader joins the weight sync. A trainer or TP group whose rank set is unchanged is kept, not re-created
-     (every rank makes the same choice from the same two maps), so an untouched FSDP trainer or
-     TP instance keeps its device mesh and its in-flight state across the change;
+     ranks by itself: the leader's vLLM runs one worker per rank of the instance in its own world,
+     so there is no TP group and only each instance's leader joins the weight sync. A trainer or TP
+     group whose rank set is unchanged is kept, not re-created (every rank makes the same choice
+     from the same two maps), so an untouched FSDP trainer or TP instance keeps its device mesh and
+     its in-flight state across the change;
   3. destroy the previous groups that were not kept.
 
 Devices (`devices`: each global rank's "host/device"): a group is created with the default
@@ -26,7 +27,8 @@ torchrun alike) worker i is global rank i + `rank_offset`.
 
 Invariants (tests/test_groups.py): after any sequence of valid maps, a collective in every new
 group sums over exactly its members; version disagreement raises instead of hanging; rebuilds
-do not leak threads or file descriptors; with ranks sharing a device the sync group is gloo and
+do not leak threads or file descriptors; with `leader_engines` there is no TP group and the sync
+group is the trainer's first rank and the instance leaders; with ranks sharing a device the sync group is gloo and
 a trainer group over a shared device raises on every rank (tests/test_devices.py).
 """
 

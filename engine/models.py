@@ -369,7 +369,8 @@ def model_arch_name(spec: str) -> str:
 def model_spec(spec: str):
     """The cost model's `ModelSpec` for `--model`: the table's row for a known arch, else one read off the
     model's own config (parameters counted on the meta device: no weight is loaded), so that a local
-    checkpoint under any name gets memory and TP ratios of its own shape instead of another model's."""
+    checkpoint under any name gets memory and TP ratios of its own shape instead of another model's.
+    A mixture of experts is priced as dense (every parameter active): its compute is overestimated."""
     from scheduler.costmodel import MODELS, ModelSpec
 
     arch = model_arch_name(spec)

@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.devices import trim_host_heap
 from engine.algos import group_advantages, kl_penalty, ppo_clip_loss
+from engine.devices import trim_host_heap
 from engine.precision import Precision, autocast, fsdp_mp_policy, precision_for
 from engine.trainer_config import TrainerConfig
 from engine.trainer_batch import collate, padding_trajectory, plan_micro_batches, policy_logprobs
