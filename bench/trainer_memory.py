@@ -13,6 +13,7 @@ For each model and context length L the benchmark trains one GRPO step on a batc
 Peak memory is the process's peak RSS during the step (VmHWM, reset through /proc/self/clear_refs
 just before it) minus its RSS before it: what the step adds to the loaded model. The first step
 also allocates AdamW's two moments (2 x 4 bytes per parameter), the same in every configuration.
+`proc` is the process's own peak RSS (model, gradients, optimizer and runtime included).
 tokens/s counts the batch's tokens over the step's wall time (one step, no warm-up: a long step
 is dominated by its compute); with `--rounds R` the configurations alternate R times and each
 keeps its fastest step (this machine's speed drifts by tens of percent). A configuration whose whole-logits tensors alone would exceed
