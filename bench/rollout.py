@@ -22,8 +22,8 @@ steps, its prefix cache is emptied before each round; `--no-vllm` leaves it out)
 so that the backend's overhead shows. A model vLLM cannot run (the tiny one: head_dim 16 on CPU)
 gets a line saying why instead.
 
-Prints a table, `vllm_vs_raw_vllm: O` and `vllm_vs_engine: V` when vLLM ran, and, last, `rollout_vs_generate: R` (engine model
-tokens/s over generate's).
+Prints a table, `vllm_vs_raw_vllm: O` and `vllm_vs_engine: V` when vLLM ran, and, last,
+`rollout_vs_generate: R` (engine model tokens/s over generate's).
 """
 
 from __future__ import annotations
@@ -161,10 +161,10 @@ def run_vllm(eng, tasks, prompts, args) -> tuple[int, float, int]:
 
 def run_raw_vllm(eng, tok, tasks, prompts, args) -> tuple[int, float, int]:
     """The same workload on the same vLLM engine (weights, script, KV) driven directly, as a vLLM user would
-    write it: every trajectory submitted at once (vLLM's scheduler holds `max_batch` running), a turn that stops
-    at `</tool_call>` runs its tool on a thread pool and comes back as a new request over its whole context
-    (prefix cache on), sampled log-probs asked for (an RL rollout needs them). No Libra bookkeeping: what the
-    backend adds on top of this is its overhead."""
+    write it: every trajectory submitted at once (vLLM's scheduler holds `max_batch` running), a turn that holds
+    a tool call runs it on a thread pool and comes back as a new request over its whole context (prefix cache
+    on), sampled log-probs asked for (an RL rollout needs them). No Libra bookkeeping: what the backend adds on
+    top of this is its overhead."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
