@@ -2,7 +2,8 @@
 
 Without vLLM only the start-up error tests run; the rest skip with the reason and the set-up command.
 One vLLM engine (its engine core a spawned child process, start-up ~15 s on 2 cores) is shared by the module's
-tests: each drives it to idle and puts back what it changed (weights, flags).
+tests: each drives it to idle and puts back what it changed (weights, flags). The TP2 tests start their own: one
+engine over two vLLM workers, and a whole `libra.py` run with a TP2 bucket instance (about 90 s).
 """
 
 import importlib.util
