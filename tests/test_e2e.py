@@ -222,7 +222,9 @@ def test_a_rank_stopped_past_the_rank_timeout_ends_the_run_with_the_checkpoint_i
     out = tmp_path / "run"
     proc = _spawn(out, "--steps", "200", "--system", "static", "--step.checkpoint-every", "1",
                   "--launch.straggler-s", "2", "--launch.rank-timeout-s", "6")
-    _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
+    # a step's metrics row is written before its checkpoint: the third row means step 2's checkpoint is complete
+    # (stopping the trainer after the second row could catch it mid-save: step 1 then is, rightly, the latest)
+    _wait_until(lambda: _metric_rows(out) >= 3, 240, proc)
     victim = _rank_of(out, "trainer")
     pids = _tree(proc)
     t0 = time.monotonic()
