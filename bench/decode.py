@@ -1,6 +1,6 @@
 """Plain batched decode: the rollout engine against `model.generate`, with no tools in the way.
 
-N prompts (default 32) of `--prompt-tokens` tokens each, up to `--new-tokens` new tokens each
+N prompts (default 32) of `--prompt-tokens` tokens each, each a different text (`prompts`), up to `--new-tokens` new tokens each
 (a row stops at the model's end-of-sequence token), greedy, one batch. Systems, alternated
 for `--rounds` rounds (this machine's speed swings by tens of percent; each keeps its best):
 
@@ -43,10 +43,26 @@ class NoTools:
         pass
 
 
+WORDS = "the quick brown fox jumps over the lazy dog while seven curious otters count river stones".split()
+
+
 def prompts(tok, n: int, length: int) -> list[list[int]]:
-    text = "Tell me about the history of the number seven and why it matters. " * (length // 12 + 1)
-    base = tok.encode(text, add_special_tokens=False)
-    return [base[i % 7 : i % 7 + length] for i in range(n)]
+    """`n` prompts of `length` tokens, each a different text: no two share a prefill (the engine prefills
+    identical fresh prompts once, a GRPO group's saving that plain decode must not get) or a prefix (vLLM's cache)."""
+    out = []
+    for i in range(n):
+        words = [WORDS[(i * 7 + j * (i % 5 + 1)) % len(WORDS)] for j in range(length)]
+        out.append(tok.encode(f"{i}: " + " ".join(words), add_special_tokens=False)[:length])
+    return out
+
+
+def workload_args(ap: argparse.ArgumentParser) -> None:
+    """The plain-decode workload's flags, shared with bench.vllm_decode."""
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=200)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
 
 
 @contextlib.contextmanager
@@ -109,11 +125,7 @@ def run_generate(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--prompt-tokens", type=int, default=200)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2)
+    workload_args(ap)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

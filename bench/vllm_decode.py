@@ -21,21 +21,10 @@ from pathlib import Path
 
 import torch
 
-from bench.decode import drive
+from bench.decode import drive, prompts, workload_args
 from engine.chat import IM_END, TOOL_CALL_CLOSE
 from engine.models import load_policy, save_policy_dir
 from engine.rollout import RolloutConfig, RolloutEngine
-
-WORDS = "the quick brown fox jumps over the lazy dog while seven curious otters count river stones".split()
-
-
-def prompts_of(tok, n: int, length: int) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        words = [WORDS[(i * 7 + j * (i % 5 + 1)) % len(WORDS)] for j in range(length)]
-        out.append(tok.encode(f"{i}: " + " ".join(words), add_special_tokens=False)[:length])
-    return out
-
 
 def ban_hook(model, banned: list[int], ban: float):
     def hook(_module, _args, out):
@@ -45,28 +34,24 @@ def ban_hook(model, banned: list[int], ban: float):
     return model.register_forward_hook(hook)
 
 
-def timed(engine, prompts, reset=None) -> tuple[int, float]:
+def timed(engine, ids_list, reset=None) -> tuple[int, float]:
     if reset is not None:
         reset()
-    rows, wall_s = drive(engine, prompts)
+    rows, wall_s = drive(engine, ids_list)
     return sum(map(len, rows)), wall_s
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--prompt-tokens", type=int, default=200)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    workload_args(ap)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ban", type=float, default=1e4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model, device="cpu", dtype=getattr(torch, args.dtype))
-    prompts = prompts_of(tok, args.num_prompts, args.prompt_tokens)
+    ids_list = prompts(tok, args.num_prompts, args.prompt_tokens)
     banned = sorted({tok.eos_token_id, *tok.encode(IM_END, add_special_tokens=False)[:1],
                      *tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)[-1:]})
     cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=args.new_tokens, max_turns=1,
@@ -84,11 +69,11 @@ def main() -> None:
         start_s = time.perf_counter() - t0
     ban_hook(model, banned, args.ban)
     runs = {"engine": [], "vllm": []}
-    timed(RolloutEngine(model, tok, cfg), prompts[:2])  # warm-up
-    timed(vllm, prompts[:2])
+    timed(RolloutEngine(model, tok, cfg), ids_list[:2])  # warm-up
+    timed(vllm, ids_list[:2])
     for _ in range(args.rounds):
-        runs["engine"].append(timed(RolloutEngine(model, tok, cfg), prompts))
-        runs["vllm"].append(timed(vllm, prompts, reset=vllm.llm.reset_prefix_cache))
+        runs["engine"].append(timed(RolloutEngine(model, tok, cfg), ids_list))
+        runs["vllm"].append(timed(vllm, ids_list, reset=vllm.llm.reset_prefix_cache))
     vllm.close()
     best = {k: min(v, key=lambda r: r[1]) for k, v in runs.items()}
     speed = {k: tokens / wall_s for k, (tokens, wall_s) in best.items()}
