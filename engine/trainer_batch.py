@@ -1,7 +1,7 @@
 """How the trainer lays out a step's trajectories and gets their token log-probs from the policy.
 
 Three things decide the trainer's memory at long context, and each is a config switch
-(`TrainerConfig`) measured by `python -m bench.trainer --sweep`:
+(`TrainerConfig`) measured by `python -m bench.trainer_memory`:
 
   1. Micro-batches (`plan_micro_batches`): trajectories sorted longest first go to the trainer
      rank with the fewest tokens so far; each rank fills micro-batches up to `micro_batch_tokens`.
@@ -48,15 +48,14 @@ def plan_micro_batches(lengths: list[int], num_ranks: int, micro_batch_tokens: i
     plan = []
     for share in shares:
         micros: list[list[int]] = []
-        cost = 0
         for i in share:  # longest first, so a padded micro-batch's first member sets its width
-            grown = cost + lengths[i] if packed else (len(micros[-1]) + 1) * lengths[micros[-1][0]] if micros else 0
-            if micros and grown <= micro_batch_tokens:
-                micros[-1].append(i)
-                cost = grown
-            else:
-                micros.append([i])
-                cost = lengths[i]
+            last = micros[-1] if micros else None
+            if last is not None:
+                grown = sum(lengths[j] for j in last) + lengths[i] if packed else (len(last) + 1) * lengths[last[0]]
+                if grown <= micro_batch_tokens:
+                    last.append(i)
+                    continue
+            micros.append([i])
         plan.append(micros)
     return plan
 
