@@ -4,15 +4,18 @@ N prompts (default 32) of `--prompt-tokens` tokens each, each a different text (
 (a row stops at the model's end-of-sequence token), greedy, one batch. Systems, alternated
 for `--rounds` rounds (this machine's speed swings by tens of percent; each keeps its best):
 
-  engine             RolloutEngine: in-place KV cache (engine/kv_cache.py), float32
-  engine-concat      the same engine with transformers' DynamicCache (grows by torch.cat every
-                     step: the engine before issue 23), float32
+  engine             RolloutEngine: in-place KV cache (engine/kv_cache.py), linears through
+                     oneDNN (engine/cpu_linear.py), float32
+  engine-mkl         the same engine with PyTorch's default CPU linear (MKL sgemm, as `generate`
+                     runs it): what the cache and the batching buy without the kernel choice
+  engine-concat      the engine with transformers' DynamicCache (grows by torch.cat every step),
+                     oneDNN linears, float32
   generate           `model.generate`, float32
   engine-bf16        the engine with the model in bfloat16 (`--rollout.dtype bfloat16`; log-probs
                      still taken in float32), when this CPU has bf16 matmul
   generate-bf16      `model.generate` in bfloat16
 
-Greedy tokens of engine, engine-concat and generate are compared (they must be equal in float32).
+Greedy tokens of engine, engine-mkl, engine-concat and generate are compared (they must be equal in float32).
 
 Prints a table and, last, `decode_engine_vs_generate: R` (engine tokens/s over generate's, fp32).
 """
@@ -84,6 +87,17 @@ def concat_cache():
         rollout_runner.InPlaceCache = saved
 
 
+@contextlib.contextmanager
+def default_linears():
+    """The engine with its linears on `F.linear` (routed modules run it outside `engine_forward`)."""
+    saved = rollout_runner.engine_forward
+    rollout_runner.engine_forward = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        rollout_runner.engine_forward = saved
+
+
 def drive(engine, ids_list: list[list[int]]) -> tuple[list[list[int]], float]:
     """Decode every prompt to its end on `engine` (torch or vLLM backend); each row's new tokens, and the wall time."""
     task = Task(task_id="t", bench="toy", messages=({"role": "user", "content": "x"},), tools=())
@@ -133,7 +147,8 @@ def main() -> None:
     model.eval()
     ids_list = prompts(tok, args.num_prompts, args.prompt_tokens)
     systems = {"engine": lambda: run_engine(model, tok, ids_list, args.new_tokens),
-               "engine-concat": lambda: _concat(model, tok, ids_list, args.new_tokens),
+               "engine-mkl": lambda: _with(default_linears, model, tok, ids_list, args.new_tokens),
+               "engine-concat": lambda: _with(concat_cache, model, tok, ids_list, args.new_tokens),
                "generate": lambda: run_generate(model, tok, ids_list, args.new_tokens)}
     if cpu_has_bf16_matmul():
         model16, _ = load_policy(args.model, device="cpu", dtype=torch.bfloat16)
@@ -153,17 +168,18 @@ def main() -> None:
         ref = "generate-bf16" if name.endswith("bf16") else "generate"
         print(f"{name:<15}{sum(map(len, tokens[name])):>8}{min(r):>9.2f}{speed[name]:>10.1f}{speed[name] / speed[ref]:>13.2f}   "
               + " ".join(f"{x:.2f}" for x in r))
-    same = tokens["engine"] == tokens["generate"] == tokens["engine-concat"]
+    same = tokens["engine"] == tokens["generate"] == tokens["engine-concat"] == tokens["engine-mkl"]
     print(f"{args.model}, {args.num_prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens greedy, "
-          f"{args.threads} threads, best of {args.rounds}; fp32 greedy tokens equal across engine, engine-concat, generate: {same}")
+          f"{args.threads} threads, best of {args.rounds}; fp32 greedy tokens equal across engine, engine-mkl, engine-concat, "
+          f"generate: {same}")
     if "engine-bf16" in tokens:
         agree = sum(a == b for a, b in zip(tokens["engine-bf16"], tokens["generate-bf16"]))
         print(f"bf16: engine and generate agree on {agree}/{args.num_prompts} rows (bf16 rounding differs by kernel)")
     print(f"decode_engine_vs_generate: {speed['engine'] / speed['generate']:.2f}")
 
 
-def _concat(model, tok, ids_list, new_tokens):
-    with concat_cache():
+def _with(context, model, tok, ids_list, new_tokens):
+    with context():
         return run_engine(model, tok, ids_list, new_tokens)
 
 

@@ -27,6 +27,7 @@ import logging
 import torch
 from transformers import DynamicCache
 
+from engine.cpu_linear import engine_forward, route_linears
 from engine.kv_cache import InPlaceCache
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class BatchRunner:
         self.lens: list[int] = []  # valid KV columns per row
         self.cache: InPlaceCache | None = None
         self.parked: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = {}  # rid -> (per-layer (k, v), length)
+        if self.device.type == "cpu":
+            route_linears(model)  # the engine's forwards run oneDNN's matmul (engine/cpu_linear.py)
         self._leader_rank = None
         if tp_group is not None:
             import torch.distributed as dist
@@ -153,8 +156,9 @@ class BatchRunner:
             mask[i, width_past + width_new - len(new) :] = 1
             ids[i, width_new - len(new) :] = torch.tensor(new)
             pos[i, width_new - len(new) :] = torch.arange(n, n + len(new))
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
-                         **{cache_kwarg(): cache}, use_cache=True, logits_to_keep=1)
+        with engine_forward():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
+                             **{cache_kwarg(): cache}, use_cache=True, logits_to_keep=1)
         for i, rid in enumerate(rids):
             cols = mask[i].nonzero()[:, 0].to(self.device)
             self.parked[rid] = ([(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers], len(cols))
@@ -203,6 +207,7 @@ class BatchRunner:
         cols = torch.arange(width + 1, device=self.device)[None]
         mask = (cols >= (width - lens)[:, None]).long()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): self.cache}, use_cache=True)
+        with engine_forward():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): self.cache}, use_cache=True)
         self.lens = [n + 1 for n in self.lens]
         return out.logits[:, -1].float()
