@@ -39,7 +39,8 @@ from scheduler.profile import HardwareProfile
 
 log = logging.getLogger("libra")
 
-PROFILE_VERSION = 1  # bump when bench.profile --quick changes what it measures: cached entries are measured again
+PROFILE_VERSION = 2  # bump when bench.profile --quick changes what it measures: cached entries are measured again
+# 2: the rollout engine's CPU linears run oneDNN (engine/cpu_linear.py), so its decode and prefill times changed
 ROOT = Path(__file__).resolve().parents[1]
 
 
