@@ -235,8 +235,18 @@ def run_generate(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
     return tokens, wall_s, forwards
 
 
+def _turn_end(tok, row: list[int], eos_ids: set[int]) -> int:
+    """How many tokens of a generated `row` its turn holds: up to an eos id, or to the token that completes
+    `</tool_call>` in the text (several tokens in most vocabularies, so no single stop id ends it)."""
+    window = len(tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)) + 2
+    for i, t in enumerate(row):
+        if t in eos_ids or tok.decode(row[max(0, i + 1 - window) : i + 1]).endswith(TOOL_CALL_CLOSE):
+            return i + 1
+    return len(row)
+
+
 def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
-    stop = [tok.eos_token_id] + tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)[-1:]
+    eos_ids = RolloutEngine._eos_ids(tok, getattr(model, "generation_config", None))
     episodes = {t.task_id: Episode(t.task_id, args.max_latency_s, args.seed) for t in tasks}
     live = {t.task_id: list(ids) for t, ids in zip(tasks, prompts)}
     pool = cf.ThreadPoolExecutor(args.num_trajectories)
@@ -246,16 +256,19 @@ def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
         width = max(len(live[r]) for r in rids)
         ids = torch.tensor([[tok.pad_token_id] * (width - len(live[r])) + live[r] for r in rids])
         mask = torch.tensor([[0] * (width - len(live[r])) + [1] * len(live[r]) for r in rids])
+        # `</tool_call>` as a stop string, as a generate user writes it (its last token alone, `>` in SmolLM2's
+        # vocabulary, would also end a turn at the `>` of the opening `<tool_call>`)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False,
-                             eos_token_id=stop, pad_token_id=tok.pad_token_id)
+                             eos_token_id=sorted(eos_ids), stop_strings=[TOOL_CALL_CLOSE], tokenizer=tok,
+                             pad_token_id=tok.pad_token_id)
         calls = {}
         for r, row in zip(rids, out[:, width:].tolist()):
-            end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+            end = _turn_end(tok, row, eos_ids)
             live[r] += row[:end]
             tokens += end
             # the engine's rule: a turn holding a tool call runs it (however it ended), unless it was the last turn
             if has_tool_call(tok.decode(row[:end])) and turn < 2:
-                calls[r] = (pool.submit(episodes[r].execute, None), row[end - 1] != stop[0])
+                calls[r] = (pool.submit(episodes[r].execute, None), row[end - 1] not in eos_ids)
             else:
                 del live[r]
         for r, (fut, close_turn) in calls.items():
@@ -286,7 +299,8 @@ def main() -> None:
     banned = sorted({tok.eos_token_id, call[0], call[-1]})
     vllm, why_not = vllm_engine(model, tok, script, banned, args)  # before the patch: it saves the plain weights
     bias_policy(model, script, banned)
-    run_engine(model, tok, tasks[:2], prompts[:2], args)  # warm-up
+    run_engine(model, tok, tasks[:2], prompts[:2], args)  # warm-ups (generate's: its stop-string tables of the vocabulary)
+    run_generate(model, tok, tasks[:1], prompts[:1], args)
     if vllm is not None:
         run_vllm(vllm, tasks[:2], prompts[:2], args)
     # this machine's speed swings by tens of percent: alternate the systems and keep each one's best
