@@ -13,9 +13,10 @@ routing) keeps `F.linear`, which DTensor dispatches; where oneDNN is missing or 
 nothing is routed.
 
 Invariants (tests/test_cpu_linear.py): inside `engine_forward()` outputs equal `F.linear`'s to float
-rounding (2-D, 3-D, non-contiguous inputs, with and without bias); outside it, or with grad on, the
-output is `F.linear`'s bit for bit and gradients flow; a weight copied in place is the one used;
-a linear sharded over TP after routing gives TP1's logits.
+rounding (2-D, 3-D, non-contiguous inputs, with and without bias, bfloat16); outside it, or with grad
+on, oneDNN is never called and gradients flow; a weight copied in place is the one used; the engine's
+greedy tokens equal `generate`'s. tests/test_tp.py: a model sharded over TP after its engine routed
+it gives TP1's logits.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class OneDnnLinear(nn.Linear):
         if (getattr(_state, "active", False) and not torch.is_grad_enabled() and type(weight) is nn.Parameter
                 and type(x) is torch.Tensor and x.dtype == weight.dtype and weight.device.type == "cpu"):
             return _onednn_linear(x, weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, weight, self.bias)
 
 
 def route_linears(model: nn.Module) -> int:
