@@ -173,12 +173,6 @@ def run_raw_vllm(eng, tok, tasks, prompts, args) -> tuple[int, float, int]:
     close = tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
     stop_ids = sorted(eng.eos_ids | (set(close) if len(close) == 1 else set()))
 
-    def ends_turn(seq: list[int]) -> str | None:  # a multi-token `</tool_call>` is seen in the text, as vLLM's stop strings do
-        if seq[-1] in eng.eos_ids:
-            return "eos"
-        hit = seq[-1] == close[0] if len(close) == 1 else tok.decode(seq[-len(close) - 2:]).endswith(TOOL_CALL_CLOSE)
-        return "call" if hit else None
-
     episodes = {t.task_id: Episode(t.task_id, args.max_latency_s, args.seed) for t in tasks}
     ids = {t.task_id: list(p) for t, p in zip(tasks, prompts)}
     turns, turn_start, close_turn = dict.fromkeys(ids, 0), {}, {}
@@ -209,7 +203,7 @@ def run_raw_vllm(eng, tok, tasks, prompts, args) -> tuple[int, float, int]:
             for t in out.outputs[0].token_ids:
                 ids[rid].append(t)
                 tokens += 1
-                why = ends_turn(ids[rid])
+                why = _ends_turn(tok, ids[rid], eng.eos_ids, close)
                 if why:
                     break
             if why is None and not out.finished:
@@ -235,14 +229,19 @@ def run_generate(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
     return tokens, wall_s, forwards
 
 
+def _ends_turn(tok, seq: list[int], eos_ids: set[int], close: list[int]) -> str | None:
+    """Whether `seq`'s last token ends a turn: "eos", "call" (it completes `</tool_call>`, whose token ids are
+    `close`: several in most vocabularies, so it is seen in the text, as vLLM's stop strings do), or None."""
+    if seq[-1] in eos_ids:
+        return "eos"
+    hit = seq[-1] == close[0] if len(close) == 1 else tok.decode(seq[-len(close) - 2:]).endswith(TOOL_CALL_CLOSE)
+    return "call" if hit else None
+
+
 def _turn_end(tok, row: list[int], eos_ids: set[int]) -> int:
-    """How many tokens of a generated `row` its turn holds: up to an eos id, or to the token that completes
-    `</tool_call>` in the text (several tokens in most vocabularies, so no single stop id ends it)."""
-    window = len(tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)) + 2
-    for i, t in enumerate(row):
-        if t in eos_ids or tok.decode(row[max(0, i + 1 - window) : i + 1]).endswith(TOOL_CALL_CLOSE):
-            return i + 1
-    return len(row)
+    """How many tokens of a generated `row` its turn holds: up to the first token that ends it (`_ends_turn`)."""
+    close = tok.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
+    return next((i + 1 for i in range(len(row)) if _ends_turn(tok, row[: i + 1], eos_ids, close)), len(row))
 
 
 def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
