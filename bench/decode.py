@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from unittest import mock
 
 import torch
 
@@ -68,7 +69,6 @@ def workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=2)
 
 
-@contextlib.contextmanager
 def concat_cache():
     """The engine as it was: every batch change builds a DynamicCache, which decode grows by torch.cat."""
     from transformers import DynamicCache
@@ -79,23 +79,12 @@ def concat_cache():
         cache = InPlaceCache.left_padded(parts, width, spare=0)
         return DynamicCache(ddp_cache_data=[(lay.keys.clone(), lay.values.clone()) for lay in cache.layers])
 
-    saved = rollout_runner.InPlaceCache
-    rollout_runner.InPlaceCache = type("ConcatCache", (), {"left_padded": staticmethod(left_padded)})
-    try:
-        yield
-    finally:
-        rollout_runner.InPlaceCache = saved
+    return mock.patch.object(rollout_runner, "InPlaceCache", type("ConcatCache", (), {"left_padded": staticmethod(left_padded)}))
 
 
-@contextlib.contextmanager
 def default_linears():
     """The engine with its linears on `F.linear` (routed modules run it outside `engine_forward`)."""
-    saved = rollout_runner.engine_forward
-    rollout_runner.engine_forward = contextlib.nullcontext
-    try:
-        yield
-    finally:
-        rollout_runner.engine_forward = saved
+    return mock.patch.object(rollout_runner, "engine_forward", contextlib.nullcontext)
 
 
 def drive(engine, ids_list: list[list[int]]) -> tuple[list[list[int]], float]:
