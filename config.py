@@ -330,7 +330,8 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
     # finish-order systems (AReaL-style) bound staleness at admission; a long group that spans more
-    # updates is trained with its behaviour log-probs, as they do, so the trainer checks no bound
+    # updates is trained under the off-policy objective (decoupled by default: its behaviour weight,
+    # capped), as AReaL trains it, so the trainer checks no bound
     spec = SYSTEMS.get(cfg.run.system)
     max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
     return dataclasses.replace(cfg, trainer=dataclasses.replace(

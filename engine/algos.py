@@ -1,4 +1,5 @@
-"""GRPO tensor math: group advantages, token log-probs (whole or chunked), PPO-clip loss, KL penalty.
+"""GRPO tensor math: group advantages, token log-probs (whole or chunked), PPO-clip loss (with the
+off-policy behaviour weight of the decoupled objective and dual-clip), KL penalty.
 
 Pure functions over tensors: no process groups, no models, no optimizer. The trainer
 (`engine/trainer.py`) feeds them micro-batches and passes the *global* denominators (tokens or
@@ -7,17 +8,28 @@ over micro-batches and ranks gives exactly the loss of one full-batch computatio
 
 Algorithm (one GRPO step, per token t of sequence i with advantage A_i):
   1. A_i = (r_i - mean(r_group)) / (std(r_group) + eps), or without the division (Dr. GRPO
-     style); std is the unbiased sample std; a group of one or of equal rewards gives A = 0.
-  2. ratio = exp(logp - logp_old); per-token loss = max(-A * ratio, -A * clip(ratio, 1 - clip_low,
-     1 + clip_high)) (asymmetric bounds allowed, DAPO "clip-higher").
-  3. Aggregate over the loss mask: "token-mean" = sum(loss * mask) / num_tokens, or
-     "seq-mean-token-mean" = mean over sequences of each sequence's masked token mean.
-  4. KL to a reference (k1, k2 or k3 estimator of Schulman), aggregated the same way.
+     style); std is the unbiased sample std; a group of one or of rewards equal within
+     `REWARD_TOL` gives A = 0 exactly (float32 rounding of 8 x 0.7 would otherwise give +-0.056,
+     and Adam turns any nonzero gradient into a full step of lr).
+  2. log_ratio = clamp(logp - logp_old, -20, 20) (verl's clamp: one wild token cannot overflow);
+     ratio = exp(log_ratio); per-token loss = max(-A * ratio, -A * clip(ratio, 1 - clip_low,
+     1 + clip_high)) (asymmetric bounds allowed, DAPO "clip-higher"); for A < 0 also at most
+     -A * clip_ratio_c (dual-clip, c = 3: a token far above the ratio bound cannot make an unbounded
+     loss).
+  3. Off-policy tokens (decoupled PPO, AReaL): logp_old is the proximal policy's and each token's
+     loss is multiplied by its behaviour weight w = pi_prox / pi_behave (a detached tensor the
+     caller builds, 0 on tokens whose weight exceeds the cap). Tokens without a weight use 1.
+  4. Aggregate over the loss mask: "token-mean" = sum(loss * mask) / num_tokens, or
+     "seq-mean-token-mean" = mean over sequences of each sequence's masked token mean. A capped
+     token still counts in the denominator (AReaL): dropping it must not scale the others up.
+  5. KL to a reference (k1, k2 or k3 estimator of Schulman), aggregated the same way; for k3 the
+     log difference is clamped to [-20, 20] and the estimate to at most 10, as verl clamps it.
 
-Invariants (tests/test_algos.py, hand-computed values): equal-reward groups and empty masks give
-0 and never NaN; masked positions never influence the loss or its gradient; splitting a batch
-into parts and passing the global denominators reproduces the full-batch loss; chunked log-probs
-equal the whole-logits ones in value and gradient for any chunk size.
+Invariants (tests/test_algos.py, hand-computed values): equal-reward groups (0.1, 0.7, 1/3 x 8)
+and empty masks give exactly 0 and never NaN; masked positions never influence the loss or its
+gradient; splitting a batch into parts and passing the global denominators reproduces the
+full-batch loss; chunked log-probs equal the whole-logits ones in value and gradient for any chunk
+size; the decoupled loss, dual-clip and the clamps equal formulas written out in the test.
 """
 
 from __future__ import annotations
@@ -28,20 +40,24 @@ from torch import Tensor
 
 from engine.trainer_config import AGGREGATIONS, KL_KINDS
 
+REWARD_TOL = 1e-6  # rewards of one group closer than this (relative to max(1, |r|)) are equal: A = 0
+LOG_RATIO_CLAMP = 20.0  # |log pi - log pi_old| and |log pi - log pi_ref| beyond this are clamped (verl)
+K3_MAX = 10.0  # the k3 KL estimate of one token is at most this (verl)
+
 
 def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
     """Advantages [num_groups, n] from rewards [num_groups, n], normalised within each group."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards has shape {tuple(rewards.shape)}, expected [num_groups, n]; reshape the flat rewards by group first")
-    rewards = rewards.to(torch.float32)
+    rewards = rewards.to(torch.float64)  # float32 means of 0.1 or 1/3 are off by an ulp that std then magnifies
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if not normalize_std:
-        return centred
-    if rewards.shape[1] < 2:
-        # A group of one has no spread to normalise by: its centred advantage is already 0.
-        return centred
-    std = rewards.std(dim=1, keepdim=True, unbiased=True)
-    return centred / (std + eps)
+    # A group whose rewards are equal (to rounding) carries no signal: exactly 0, not rounding noise.
+    spread = rewards.amax(dim=1, keepdim=True) - rewards.amin(dim=1, keepdim=True)
+    flat = spread <= REWARD_TOL * rewards.abs().amax(dim=1, keepdim=True).clamp(min=1.0)
+    centred = torch.where(flat, torch.zeros_like(centred), centred)
+    if normalize_std and rewards.shape[1] >= 2:  # a group of one has no spread: its centred value is 0
+        centred = centred / (rewards.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return centred.to(torch.float32)
 
 
 def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> Tensor:
@@ -121,15 +137,20 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     aggregation: str = "token-mean",
     *,
+    clip_ratio_c: float | None = 3.0,
+    behaviour_weight: Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip policy loss over masked tokens; returns (loss, metrics).
 
-    `advantages` is per sequence [B] or per token [B, T]. Metrics (detached, aggregated like the
-    loss): `clip_frac` (tokens where the clipped branch is taken), `approx_kl` (mean of
-    logp_old - logp), `ratio_mean`.
+    `advantages` is per sequence [B] or per token [B, T]. `clip_ratio_c`: the dual-clip bound on
+    tokens with A < 0 (None: off). `behaviour_weight` [B, T] (detached; decoupled PPO): each token's
+    loss is multiplied by it. Metrics (detached, aggregated like the loss): `clip_frac` (tokens where
+    the clipped branch is taken), `dual_clip_frac`, `approx_kl` (mean of logp_old - logp), `ratio_mean`.
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c={clip_ratio_c} must be > 1 (dual-clip bound, e.g. 3.0) or None")
     if advantages.dim() == logprobs.dim() - 1:
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.to(logprobs.dtype)
@@ -137,16 +158,25 @@ def ppo_clip_loss(
     # Masked positions may hold garbage old log-probs (padding, inf): select, not multiply, so
     # neither exp() overflow nor inf * 0 can turn into NaN.
     log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    dual_on = torch.zeros_like(per_token, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        bound = -advantages * clip_ratio_c  # > 0 where A < 0: the most one token may cost
+        dual_on = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(dual_on, bound.expand_as(per_token), per_token)
+    if behaviour_weight is not None:
+        per_token = per_token * behaviour_weight
     loss = masked_aggregate(per_token, mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
         clip_on = (clipped > unclipped).to(logprobs.dtype)
         agg = dict(aggregation=aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
         metrics = {
             "clip_frac": masked_aggregate(clip_on, mask, **agg),
+            "dual_clip_frac": masked_aggregate(dual_on.to(logprobs.dtype), mask, **agg),
             "approx_kl": masked_aggregate(-log_ratio, mask, **agg),
             "ratio_mean": masked_aggregate(ratio, mask, **agg),
         }
@@ -166,7 +196,8 @@ def kl_penalty(
     """Estimate of KL(policy || reference) from sampled tokens, aggregated over the mask.
 
     k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; k3 = exp(d) - d - 1 with d = logp_ref -
-    logp (unbiased and always >= 0; d clamped to [-20, 20] so one wild token cannot overflow).
+    logp (unbiased and always >= 0). For k3, d is clamped to [-20, 20] and the estimate to at most
+    10, as verl does, so one wild token can neither overflow nor dominate the step.
     """
     diff = torch.where(mask > 0, logprobs - ref_logprobs, torch.zeros_like(logprobs))
     if kind == "k1":
@@ -174,8 +205,8 @@ def kl_penalty(
     elif kind == "k2":
         per_token = 0.5 * diff.square()
     elif kind == "k3":
-        d = torch.clamp(-diff, min=-20.0, max=20.0)
-        per_token = torch.exp(d) - d - 1.0
+        d = torch.clamp(-diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        per_token = torch.clamp(torch.exp(d) - d - 1.0, max=K3_MAX)
     else:
         raise ValueError(f"kind={kind!r} is unknown; use one of {KL_KINDS}")
     return masked_aggregate(per_token, mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)

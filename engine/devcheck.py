@@ -93,7 +93,7 @@ def trainer_speed(model_spec: str, device: str, *, num_trajectories: int = 8, se
 
     dev = torch.device(device)
     model, tok = load_policy(model_spec, device=dev)
-    trainer = Trainer(model, TrainerConfig(lr=1e-5, micro_batch_tokens=4 * seq_len, recompute_logprobs="always"), device=dev)
+    trainer = Trainer(model, TrainerConfig(lr=1e-5, micro_batch_tokens=4 * seq_len, off_policy="recompute-all"), device=dev)
     gen = torch.Generator().manual_seed(0)
     prompt = seq_len // 2
 

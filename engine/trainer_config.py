@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 KL_KINDS = ("k1", "k2", "k3")
-RECOMPUTE_MODES = ("stale", "always", "never")
+# How tokens older than the trainer's version are trained (fresh tokens always use their recorded log-probs):
+#   decoupled      AReaL's decoupled PPO: ratio to the proximal (current) policy times the capped behaviour weight
+#   bypass         verl's async recipes: the recorded behaviour log-probs as old, clipped, no weight
+#   recompute      the current policy's own log-probs as old: ratio 1, no clip, no weight (Libra before issue 31)
+#   recompute-all  as recompute for every token, fresh ones too (checks that carry no recorded log-probs)
+OFF_POLICY_OBJECTIVES = ("decoupled", "bypass", "recompute", "recompute-all")
 ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 
 
@@ -34,7 +39,10 @@ class TrainerConfig:
     pack_sequences: bool = True  # lay a micro-batch's sequences end to end in one row instead of padding them
     logprob_chunk_tokens: int = 512  # tokens per pass through the output layer for log-probs (0: whole logits at once)
     activation_checkpointing: str = "auto"  # recompute layer activations in backward: on | off | auto (on on GPU/NPU)
-    recompute_logprobs: str = "stale"  # behaviour log-probs from the trainer: stale | always | never
+    off_policy: str = "decoupled"  # objective for stale tokens: decoupled | bypass | recompute | recompute-all
+    behaviour_weight_cap: float = 5.0  # decoupled: a stale token whose pi_prox / pi_behave exceeds this is masked (inf: none)
+    clip_ratio_c: float = 3.0  # dual-clip: a token with A < 0 costs at most -A * this (inf: off)
+    max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss or gradient
     max_staleness: int | None = 1  # refuse tokens generated more than this many versions ago (None: bounded at admission)
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
 
@@ -63,8 +71,14 @@ class TrainerConfig:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens} must be >= 0; use ~512, or 0 for whole logits")
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
             raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is unknown; use one of {ACTIVATION_CHECKPOINTING}")
-        if self.recompute_logprobs not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute_logprobs={self.recompute_logprobs!r} is unknown; use one of {RECOMPUTE_MODES}")
+        if self.off_policy not in OFF_POLICY_OBJECTIVES:
+            raise ValueError(f"off_policy={self.off_policy!r} is unknown; use one of {OFF_POLICY_OBJECTIVES}")
+        if not self.behaviour_weight_cap > 1.0:
+            raise ValueError(f"behaviour_weight_cap={self.behaviour_weight_cap} must be > 1; use 5.0, or inf to keep every token")
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1; use 3.0, or inf to turn dual-clip off")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps={self.max_nonfinite_steps} must be >= 1; use 3")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0; use 0 for on-policy or 1 for one-step async")
         if not self.temperature > 0:

@@ -36,6 +36,21 @@ def test_equal_rewards_and_singleton_groups_give_zero_not_nan():
     assert torch.equal(single, torch.zeros(2, 1))
 
 
+@pytest.mark.parametrize("reward", [0.1, 0.7, 1 / 3, 1.0, 0.5, -2.3])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_equal_rewards_that_float32_cannot_hold_give_exactly_zero(reward, normalize_std):
+    # float32 means of 8 x 0.7 are off by an ulp; divided by a std of ~1e-8 + eps that was +-0.056
+    rewards = torch.full((1, 8), reward, dtype=torch.float32)
+    assert torch.equal(group_advantages(rewards, normalize_std=normalize_std), torch.zeros(1, 8))
+    # rewards equal only to rounding (one ulp off) are equal too; a real difference is not
+    nearly = rewards.clone()
+    nearly[0, 3] = torch.nextafter(nearly[0, 3], torch.tensor(10.0))
+    assert torch.equal(group_advantages(nearly, normalize_std=normalize_std), torch.zeros(1, 8))
+    apart = rewards.clone()
+    apart[0, 0] += 0.01
+    assert group_advantages(apart, normalize_std=normalize_std)[0, 0] > 0
+
+
 def test_group_advantages_rejects_flat_rewards():
     with pytest.raises(ValueError, match=r"rewards has shape \(4,\), expected \[num_groups, n\]; reshape"):
         group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
@@ -184,6 +199,61 @@ def test_unknown_aggregation_is_rejected():
         masked_aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum")
 
 
+# ---- off-policy: decoupled objective, dual-clip, log-ratio clamp ----------------------------
+
+
+def test_decoupled_loss_weights_each_token_by_its_behaviour_weight():
+    # prox = the current policy (detached): ratio 1, so per-token loss = -A * w and d/dlogp = -A * w / N
+    lp = torch.log(torch.tensor([[0.5, 0.25], [0.2, 0.4]])).requires_grad_(True)
+    w = torch.tensor([[2.0, 0.5], [1.0, 0.0]])  # the last token's weight was over the cap: 0
+    loss, metrics = ppo_clip_loss(lp, lp.detach(), ADV, torch.ones(2, 2), behaviour_weight=w)
+    assert close(loss, (-(1.0 * 2.0) - 1.0 * 0.5 + 1.0 * 1.0 + 0.0) / 4)  # the capped token still counts in N
+    loss.backward()
+    assert close(lp.grad, [[-2.0 / 4, -0.5 / 4], [1.0 / 4, 0.0]])
+    assert close(metrics["ratio_mean"], 1.0) and metrics["clip_frac"].item() == 0.0
+
+
+def test_decoupled_loss_clips_the_ratio_to_the_proximal_policy_not_to_the_behaviour():
+    # current/prox ratio 1.5 with A = +1 is clipped (gradient 0) whatever the behaviour weight;
+    # ratio 1.1 is inside the bounds: gradient -A * ratio * w / N
+    lp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)
+    loss, metrics = ppo_clip_loss(lp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2),
+                                  behaviour_weight=torch.tensor([[3.0, 0.5]]))
+    assert close(loss, (-1.2 * 3.0 - 1.1 * 0.5) / 2)
+    loss.backward()
+    assert close(lp.grad, [[0.0, -1.1 * 0.5 / 2]])
+    assert close(metrics["clip_frac"], 0.5)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantage_tokens():
+    # A = -1: ratio 5 -> max(5, 1.2) = 5 > c = 3, so the loss is 3 with no gradient; ratio 2 -> 2
+    # (under c), gradient -A * ratio / N; A = +1 tokens are never dual-clipped
+    lp = torch.log(torch.tensor([[5.0, 2.0], [5.0, 0.5]])).requires_grad_(True)
+    adv = torch.tensor([[-1.0, -1.0], [1.0, 1.0]])
+    loss, metrics = ppo_clip_loss(lp, torch.zeros(2, 2), adv, torch.ones(2, 2))
+    assert close(loss, (3.0 + 2.0 - 1.2 - 0.5) / 4)
+    assert close(metrics["dual_clip_frac"], 0.25)
+    loss.backward()
+    assert close(lp.grad, [[0.0, 2.0 / 4], [0.0, -0.5 / 4]])
+    off, _ = ppo_clip_loss(lp.detach(), torch.zeros(2, 2), adv, torch.ones(2, 2), clip_ratio_c=None)
+    assert close(off, (5.0 + 2.0 - 1.2 - 0.5) / 4)
+    with pytest.raises(ValueError, match=r"clip_ratio_c=1.0 must be > 1"):
+        ppo_clip_loss(lp, torch.zeros(2, 2), adv, torch.ones(2, 2), clip_ratio_c=1.0)
+
+
+def test_a_wild_log_ratio_is_clamped_and_cannot_make_nan():
+    # log-ratio 100: exp overflows float32 to inf and its gradient to NaN without the clamp at 20
+    lp = torch.tensor([[100.0, -100.0]], requires_grad=True)
+    for adv in (1.0, -1.0):
+        loss, metrics = ppo_clip_loss(lp, torch.zeros(1, 2), torch.tensor([adv]), torch.ones(1, 2))
+        grad, = torch.autograd.grad(loss, lp)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        assert close(metrics["approx_kl"], 0.0)  # the clamped log-ratios: (-20 + 20) / 2
+    # A = +1: tokens at ratio e^20 and e^-20: max(-e^20, -1.2) = -1.2 and max(-e^-20, -0.8) = -e^-20
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))
+    assert close(loss, (-1.2 - math.exp(-20.0)) / 2)
+
+
 # ---- KL --------------------------------------------------------------------------------------
 
 
@@ -198,6 +268,15 @@ def test_kl_estimators_exact():
     assert kl_penalty(lp, lp, mask).item() == 0.0
     assert kl_penalty(lp, ref, torch.zeros(1, 2)).item() == 0.0
     assert kl_penalty(lp, torch.tensor([[math.log(0.25), float("-inf")]]), mask).isfinite()
+
+
+def test_k3_is_clamped_at_ten_per_token():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.tensor([[5.0, 1.0]])  # d = 5: e^5 - 6 = 142.4 -> 10; d = 1: e - 2
+    kl = kl_penalty(lp, ref, torch.ones(1, 2), kind="k3")
+    assert close(kl, (10.0 + math.e - 2.0) / 2, tol=1e-5)
+    grad, = torch.autograd.grad(kl, lp)
+    assert close(grad, [[0.0, -(math.e - 1.0) / 2]], tol=1e-5)  # the clamped token pulls no more
 
 
 def test_unknown_kl_kind_is_rejected():

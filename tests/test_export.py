@@ -51,7 +51,7 @@ def trained_run(tmp_path_factory):
     LibraConfig(run=RunConfig(model="tiny", bench="toy", seed=0)).write(run / "config.json")
     model, _ = build_tiny(0)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(model, TrainerConfig(lr=1e-2, recompute_logprobs="always"))
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, off_policy="recompute-all"))
     assert trainer.train_step(_trajectories(), 0)["train/stepped"] == 1.0
     state = RunState(step=1, policy_version=trainer.policy_version, role_map=initial_role_map("static", 2, allowed_tp=(1,)))
     checkpoint.save(run, state, lambda d, _what: torch.save(trainer.state_dict(), Path(d) / "trainer.pt"))

@@ -68,7 +68,7 @@ def test_grpo_raises_reward_of_the_tiny_policy():
 def run_learning(seed):
     torch.manual_seed(seed)
     model, tokenizer = build_tiny(seed)
-    trainer = Trainer(model, TrainerConfig(lr=2e-2, grad_clip=1.0, recompute_logprobs="never", max_staleness=0))
+    trainer = Trainer(model, TrainerConfig(lr=2e-2, grad_clip=1.0, off_policy="bypass", max_staleness=0))
     env = DigitEnv()
     tasks = env.tasks()
     gen = torch.Generator().manual_seed(seed)

@@ -51,7 +51,10 @@ def tiny_trainer(**kw):
     ({"kl_kind": "k9"}, r"kl_kind='k9' is unknown; use one of \('k1', 'k2', 'k3'\)"),
     ({"aggregation": "sum"}, r"aggregation='sum' is unknown; use one of \('token-mean', 'seq-mean-token-mean'\)"),
     ({"micro_batch_tokens": 1}, r"micro_batch_tokens=1 must be >= 2; use a few thousand"),
-    ({"recompute_logprobs": "sometimes"}, r"recompute_logprobs='sometimes' is unknown; use one of \('stale', 'always', 'never'\)"),
+    ({"off_policy": "stale"}, r"off_policy='stale' is unknown; use one of \('decoupled', 'bypass', 'recompute', 'recompute-all'\)"),
+    ({"behaviour_weight_cap": 1.0}, r"behaviour_weight_cap=1.0 must be > 1; use 5.0, or inf to keep every token"),
+    ({"clip_ratio_c": 0.5}, r"clip_ratio_c=0.5 must be > 1; use 3.0, or inf to turn dual-clip off"),
+    ({"max_nonfinite_steps": 0}, r"max_nonfinite_steps=0 must be >= 1; use 3"),
     ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0; use 0 for on-policy or 1 for one-step async"),
     ({"temperature": 0.0}, r"temperature=0.0 must be > 0; pass the rollout's sampling temperature"),
     ({"logprob_chunk_tokens": -1}, r"logprob_chunk_tokens=-1 must be >= 0; use ~512, or 0 for whole logits"),
@@ -177,32 +180,126 @@ def test_memory_switches_do_not_change_the_update(switches):
     assert m["train/micro_batches"] < len(trajs)  # so packed rows hold several sequences
 
 
-def test_recompute_modes():
+def test_fresh_tokens_use_their_recorded_logprobs_in_every_objective_but_recompute_all():
     # behaviour log-probs of -6 are far from the tiny model's (~ -6.2): ratios differ from 1
     on_policy = make_trajs(version=0)
-    never = tiny_trainer(recompute_logprobs="never").train_step(on_policy, 0)
-    assert never["train/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
-    always = tiny_trainer(recompute_logprobs="always").train_step(on_policy, 0)
-    assert always["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and always["train/clip_frac"] == 0.0
-    assert always["train/recomputed_tokens"] == sum(t.num_model_tokens for t in on_policy)
-    stale = tiny_trainer(recompute_logprobs="stale").train_step(on_policy, 0)
-    assert stale["train/recomputed_tokens"] == 0.0
+    ref = tiny_trainer(off_policy="bypass").train_step(on_policy, 0)
+    assert ref["train/ratio_mean"] != pytest.approx(1.0, abs=1e-3) and ref["train/stale_tokens"] == 0.0
+    for mode in ("decoupled", "recompute"):
+        m = tiny_trainer(off_policy=mode).train_step(on_policy, 0)
+        assert m["train/pg_loss"] == pytest.approx(ref["train/pg_loss"], abs=1e-7), mode
+    every = tiny_trainer(off_policy="recompute-all").train_step(on_policy, 0)
+    assert every["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and every["train/clip_frac"] == 0.0
+    assert every["train/tokens_at_lag/0"] == sum(t.num_model_tokens for t in on_policy)
 
 
-def test_stale_tokens_are_recomputed_and_bounded():
-    trainer = tiny_trainer(recompute_logprobs="stale", max_staleness=1)
+def _current_logprobs(trainer, traj):
+    """The trainer policy's log-prob of each of traj's tokens (position 0: none), by a plain forward."""
+    from engine.trainer_batch import collate
+
+    with torch.no_grad():
+        lp = trainer._logprobs(trainer.model, collate([traj], [0.0], trainer.device, packed=False))[0]
+    return [0.0] + lp[: traj.num_tokens - 1].tolist()
+
+
+def _stale_batch(trainer, weights):
+    """One version-0 group of 4 (rewards 1, 0, 1, 0) whose model tokens' recorded log-probs make the
+    behaviour weight pi_current / pi_behave of sequence i exactly weights[i]."""
+    trajs = make_trajs(num_groups=1, n=4, seed=3, version=0)
+    for t, w in zip(trajs, weights):
+        current = _current_logprobs(trainer, t)
+        t.logprobs = [lp - math.log(w) if m else 0.0 for lp, m in zip(current, t.loss_mask)]
+    return trajs
+
+
+def _expected_pg_loss(trajs, weights, per_token):
+    advantages = trajectory_advantages(trajs, normalize_std=True, eps=1e-6)
+    tokens = [(a, w) for t, a, w in zip(trajs, advantages, weights) for m in t.loss_mask[1:] if m]
+    return sum(per_token(a, w) for a, w in tokens) / len(tokens)
+
+
+def test_decoupled_objective_weights_stale_tokens_by_pi_prox_over_pi_behave():
+    trainer = tiny_trainer(off_policy="decoupled", behaviour_weight_cap=5.0)
+    trainer.policy_version = 1  # the batch is one version old
+    weights = [2.0, 0.5, 10.0, 1.25]  # 10 is over the cap of 5: masked, but still counted in the denominator
+    trajs = _stale_batch(trainer, weights)
+    m = trainer.train_step(trajs, 1)
+    # ratio to the proximal (current) policy is 1: per-token loss -A * w, or 0 where capped
+    want = _expected_pg_loss(trajs, weights, lambda a, w: 0.0 if w > 5.0 else -a * w)
+    assert m["train/pg_loss"] == pytest.approx(want, abs=1e-5)
+    n = [sum(t.loss_mask[1:]) for t in trajs]
+    assert m["train/stale_tokens"] == sum(n) and m["train/tokens_at_lag/1"] == sum(n)
+    assert m["train/behaviour_weight_max"] == pytest.approx(10.0, rel=1e-4)
+    assert m["train/behaviour_weight_mean"] == pytest.approx(sum(w * k for w, k in zip(weights, n)) / sum(n), rel=1e-4)
+    assert m["train/behaviour_capped_frac"] == pytest.approx(n[2] / sum(n))
+    assert m["train/clip_frac"] == 0.0 and m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_bypass_clips_stale_tokens_against_their_recorded_logprobs_and_recompute_does_not():
+    weights = [2.0, 0.5, 10.0, 1.1]
+
+    def ppo(a, r, c=3.0):  # the PPO-clip token loss with dual-clip, written out
+        loss = max(-a * r, -a * min(max(r, 0.8), 1.2))
+        return min(loss, -a * c) if a < 0 else loss
+
+    for mode, per_token in (("bypass", ppo), ("recompute", lambda a, w: -a)):
+        trainer = tiny_trainer(off_policy=mode)
+        trainer.policy_version = 1
+        trajs = _stale_batch(trainer, weights)
+        m = trainer.train_step(trajs, 1)
+        assert m["train/pg_loss"] == pytest.approx(_expected_pg_loss(trajs, weights, per_token), abs=1e-5), mode
+        assert m["train/behaviour_capped_frac"] == 0.0  # only the decoupled objective masks
+
+
+def test_stale_tokens_are_bounded():
+    trainer = tiny_trainer(max_staleness=1)
     trainer.train_step(make_trajs(version=0), 0)
     mixed = make_trajs(version=0, seed=1)
     for t in mixed[:4]:  # half the batch comes from the current version 1
         t.versions = [v if v < 0 else 1 for v in t.versions]
     metrics = trainer.train_step(mixed, 1)
-    assert metrics["train/recomputed_tokens"] == sum(t.num_model_tokens for t in mixed[4:])
+    assert metrics["train/stale_tokens"] == sum(t.num_model_tokens for t in mixed[4:]) == metrics["train/tokens_at_lag/1"]
+    assert metrics["train/tokens_at_lag/0"] == sum(t.num_model_tokens for t in mixed[:4])
     assert metrics["train/staleness_max"] == 1.0
     with pytest.raises(ValueError, match=r"trajectory r0 has staleness 2 > max_staleness=1; drop it as stale"):
         trainer.train_step(make_trajs(version=0), 2)
-    admitted = tiny_trainer(recompute_logprobs="stale", max_staleness=None)  # bounded at admission: any lag trains
+    admitted = tiny_trainer(max_staleness=None)  # bounded at admission: any lag trains
     admitted.policy_version = 2
     assert admitted.train_step(make_trajs(version=0), 2)["train/staleness_max"] == 2.0
+
+
+@pytest.mark.parametrize("reward", [0.1, 0.7, 1 / 3])
+def test_equal_rewards_that_float32_cannot_hold_train_nothing(reward):
+    trainer = tiny_trainer(weight_decay=0.1)
+    before = params(trainer)
+    m = trainer.train_step(make_trajs(num_groups=1, n=8, rewards=[reward] * 8), 0)
+    assert m["train/stepped"] == 0.0 and m["train/adv_abs_mean"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
+def test_a_nan_skips_the_step_and_a_run_of_them_stops_the_run():
+    trainer = tiny_trainer(max_nonfinite_steps=2)
+    before = params(trainer)
+    poisoned = make_trajs(version=0)
+    poisoned[5].logprobs[-1] = float("nan")  # one recorded log-prob of one trajectory
+    m = trainer.train_step(poisoned, 0)
+    assert m["train/nonfinite_skipped"] == 1.0 and m["train/stepped"] == 0.0 and not math.isfinite(m["train/loss"])
+    assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
+    assert trainer.optimizer.state == {} or all(s["step"] == 0 for s in trainer.optimizer.state.values())
+    clean = trainer.train_step(make_trajs(version=1), 1)  # a finite step resets the count
+    assert clean["train/nonfinite_skipped"] == 0.0 and clean["train/stepped"] == 1.0
+    clamped = make_trajs(version=2)
+    clamped[0].logprobs[-1] = float("inf")  # an infinite log-ratio is clamped at 20, not a NaN
+    assert trainer.train_step(clamped, 2)["train/stepped"] == 1.0
+    poisoned = make_trajs(version=3, rewards=[float("nan")] + [0.0, 1.0] * 3 + [1.0])  # a NaN reward
+    assert trainer.train_step(poisoned, 3)["train/nonfinite_skipped"] == 1.0
+    poisoned = make_trajs(version=4)
+    poisoned[0].logprobs[-1] = float("nan")
+    after_clean = params(trainer)
+    with pytest.raises(RuntimeError, match=r"2 steps in a row had a NaN/inf loss or gradient \(last at policy_version 4\); "
+                                           r"none was applied.*Lower --trainer.lr"):
+        trainer.train_step(poisoned, 4)
+    assert all(torch.equal(after_clean[k], v) for k, v in params(trainer).items())
 
 
 def test_step_refuses_wrong_version_and_empty_batch():
