@@ -20,8 +20,10 @@ trajectories are the very same code as the torch engine's; only joining and deco
      not cache and recomputes), new requests get the new version's salt so they never reuse KV of
      old weights. With `recompute_kv_on_update` (AReaL) every request gets the new salt: its whole
      KV is recomputed with the new weights.
-Log-probs are vLLM's "processed" ones: after temperature, so equal to the torch engine's when
-top_p == 1 (with top_p < 1 vLLM renormalises over the nucleus). Sampling with temperature > 0 is
+Log-probs follow the one convention of every backend: the full distribution at the sampling
+temperature, as the trainer computes it (`logprobs_mode`: vLLM's "processed" ones are after
+temperature and after its nucleus renormalisation, its "raw" ones before both; a temperature other
+than 0 or 1 with top_p < 1 has no vLLM mode and is refused). Sampling with temperature > 0 is
 seeded per submission by (seed, request id, tokens so far): independent of the batch, but not the
 torch engine's stream.
 
@@ -117,9 +119,25 @@ def _vllm_env() -> None:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 
+def logprobs_mode(cfg: RolloutConfig) -> str:
+    """vLLM's `logprobs_mode` that records what the torch engine and the trainer use: log-probs of
+    the full distribution at the sampling temperature (greedy: temperature 1), never renormalised
+    over the top-p nucleus. ValueError when no vLLM mode gives it."""
+    if cfg.top_p >= 1.0 or cfg.temperature == 0.0:  # no nucleus (greedy runs top_p 1): after temperature
+        return "processed_logprobs"
+    if cfg.temperature == 1.0:  # before the nucleus and at temperature 1: the raw distribution
+        return "raw_logprobs"
+    raise ValueError(f"--rollout.backend vllm with --rollout.temperature {cfg.temperature} and --rollout.top-p {cfg.top_p}: "
+                     "vLLM records log-probs either renormalised over the nucleus or before the temperature, and the trainer "
+                     "needs the full distribution at the temperature; use --rollout.top-p 1, --rollout.temperature 1, "
+                     "or --rollout.backend torch")
+
+
 def check_layout(config: dict, cfg: RolloutConfig, *, device_type: str, where: str) -> None:
-    """What vLLM would refuse later (or fail on at the first forward), refused now: one ValueError with the fix.
-    `config` is the model's config.json as a dict; `where` names the model in the message."""
+    """What vLLM would refuse later (or fail on at the first forward), or would record in another log-prob
+    convention, refused now: one ValueError with the fix. `config` is the model's config.json as a dict;
+    `where` names the model in the message."""
+    logprobs_mode(cfg)
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     if device_type == "cpu" and head_dim not in CPU_HEAD_DIMS:
@@ -251,7 +269,7 @@ class VllmRolloutEngine(RolloutEngine):
 
         args = dict(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                     enable_prefix_caching=True, max_model_len=cfg.max_total_tokens, max_num_seqs=cfg.max_batch,
-                    generation_config="vllm", logprobs_mode="processed_logprobs", seed=cfg.seed,
+                    generation_config="vllm", logprobs_mode=logprobs_mode(cfg), seed=cfg.seed,
                     kv_cache_memory_bytes=kv_cache_mb << 20, disable_log_stats=True)
         if device_type == "cpu":
             args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores

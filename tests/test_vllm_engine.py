@@ -143,6 +143,42 @@ def test_greedy_tokens_and_logprobs_equal_the_torch_engine(tiny64, vllm_engine):
         assert max(abs(a - b) for a, b in zip(traj.logprobs, ref[rid].logprobs)) < 1e-3
 
 
+def test_logprobs_mode_is_the_full_distribution_at_the_temperature_or_refused():
+    from engine.vllm_engine import check_layout, logprobs_mode
+
+    assert logprobs_mode(RolloutConfig(temperature=0.7, top_p=1.0)) == "processed_logprobs"  # after temperature
+    assert logprobs_mode(RolloutConfig(temperature=0.0, top_p=0.5)) == "processed_logprobs"  # greedy ignores top_p
+    assert logprobs_mode(RolloutConfig(temperature=1.0, top_p=0.5)) == "raw_logprobs"  # before the nucleus
+    with pytest.raises(ValueError, match=r"--rollout.temperature 0.7 and --rollout.top-p 0.9: .* use --rollout.top-p 1, "
+                                         r"--rollout.temperature 1, or --rollout.backend torch"):
+        check_layout({"num_attention_heads": 4, "hidden_size": 256}, RolloutConfig(temperature=0.7, top_p=0.9),
+                     device_type="cpu", where="'tiny64'")
+
+
+@needs_vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_nucleus_sampled_logprobs_are_the_trainers_full_distribution(tiny64, temperature):
+    """vLLM with top_p < 1 (temperature 1) or a temperature (top_p 1) records what the trainer computes."""
+    from engine.algos import token_logprobs
+    from engine.vllm_engine import VllmRolloutEngine
+
+    model, tok, path = tiny64
+    top_p = 0.5 if temperature == 1.0 else 1.0
+    cfg = RolloutConfig(**{**CFG, "temperature": temperature, "top_p": top_p, "max_new_tokens_per_turn": 12})
+    eng = VllmRolloutEngine(path, tok, cfg, kv_cache_mb=64, engine_kwargs={"block_size": 32})
+    try:
+        got, _ = run(eng, plain_requests(tok, 3, prefix="n"))
+    finally:
+        eng.close()
+    for traj in got.values():
+        ids = torch.tensor([traj.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        want = token_logprobs(logits[0, :-1], ids[0, 1:], temperature=temperature)
+        model_tokens = [i for i in range(1, traj.num_tokens) if traj.loss_mask[i]]
+        assert model_tokens and max(abs(want[i - 1].item() - traj.logprobs[i]) for i in model_tokens) < 1e-3
+
+
 @needs_vllm
 def test_multi_turn_tool_trajectory_equals_the_torch_engine(tiny64, vllm_engine):
     model, tok, _ = tiny64
