@@ -6,21 +6,31 @@ Algorithm:
   2. Each message becomes `<|im_start|>{role}\n{content}<|im_end|>\n`; a `tool` message becomes a
      user turn holding `<tool_response>\n...\n</tool_response>` (Qwen2.5/Qwen3 do the same).
   3. The prompt ends with the generation prompt `<|im_start|>assistant\n`.
-  4. After a tool call the engine appends `render_tool_response`: close the assistant turn,
+  4. After a tool call the engine appends `ToolResponseEncoder.encode`: close the assistant turn,
      the tool turn, open the next assistant turn. All of these tokens carry loss mask 0.
+  5. Tool output is tokenized apart from the template, as plain text (a `<|im_end|>` written in a
+     file is the characters, never the special id, so a file cannot forge a chat turn), and cut to
+     a token budget: the trajectory's room left and a per-call cap. What is cut is replaced by a
+     note the model sees, `[output cut: N tokens]`. Only a prefix of at most
+     `_MAX_CHARS_PER_TOKEN` characters per budget token is ever tokenized, so the work of one call
+     is bounded by its budget, not by the size of what the tool printed.
 
 A local checkpoint whose own chat template knows `tools` (Qwen2.5, Qwen3) is rendered with it,
 so a real model sees exactly the format it was trained on; every other tokenizer (tiny,
 SmolLM2) uses the text template below.
 
-Invariants (tests/test_models.py): the special strings are single tokens of the tiny tokenizer;
-`render_prompt` ends with the assistant generation prompt; prompt + response token ids decode
-back to the rendered text.
+Invariants (tests/test_models.py, tests/test_rollout.py): the special strings are single tokens of
+the tiny tokenizer; `render_prompt` ends with the assistant generation prompt; prompt + response
+token ids decode back to the rendered text; an encoded tool response never exceeds its `room`, a
+body never exceeds the per-call cap, a cut body ends with the note, and special-token text in a
+body never yields a special-token id.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -143,9 +153,92 @@ def render_prompt(tokenizer, messages, tools) -> list[int]:
     return tokenizer.encode(render_text(messages, tools), add_special_tokens=False)
 
 
+_MAX_CHARS_PER_TOKEN = 16  # a budget of n tokens tokenizes at most 16 n characters of a tool's output
+
+
+def _plain_encoder(tokenizer):
+    """text -> ids with special-token text encoded as ordinary characters.
+
+    A fast tokenizer gets its own copy of the backend (the `split_special_tokens` switch of
+    transformers is a flag on the shared backend, racy across the tool threads), and encodes
+    through `encode_batch`, which releases the GIL (`encode` holds it: a big output would stall
+    the decode loop's thread)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_special_tokens"):
+        plain = type(backend).from_str(backend.to_str())
+        plain.encode_special_tokens = True
+        plain.no_padding()
+        plain.no_truncation()
+        return lambda text: plain.encode_batch([text], add_special_tokens=False)[0].ids
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+class ToolResponseEncoder:
+    """Token ids appended after a tool call: the template's special tokens, each body as plain text, cut to budget.
+
+    Thread-safe: the rollout engine calls `encode` on its tool threads, off the decode loop."""
+
+    def __init__(self, tokenizer):
+        def enc(s):
+            return list(tokenizer.encode(s, add_special_tokens=False))
+
+        self._plain = _plain_encoder(tokenizer)
+        self._head = {True: enc(f"{IM_END}\n{IM_START}user\n"), False: enc(f"\n{IM_START}user\n")}
+        self._open, self._close, self._sep = enc(f"{TOOL_RESPONSE_OPEN}\n"), enc(f"\n{TOOL_RESPONSE_CLOSE}"), enc("\n")
+        self._tail = enc(f"{IM_END}\n{IM_START}assistant\n")
+
+    def encode(self, texts, *, close_turn: bool = True, room: int | None = None, max_tokens_per_call: int | None = None) -> list[int]:
+        """Ids of the response to `texts` (one block per call): at most `room` ids in all (None: no limit),
+        each body at most `max_tokens_per_call`. When the template alone does not fit, its first `room` ids."""
+        if isinstance(texts, str):
+            texts = [texts]
+        overhead = len(self._head[close_turn]) + len(self._tail) + len(texts) * (len(self._open) + len(self._close)) \
+            + max(0, len(texts) - 1) * len(self._sep)
+        left = None if room is None else max(0, room - overhead)
+        ids = list(self._head[close_turn])
+        for i, text in enumerate(texts):
+            budget = max_tokens_per_call if left is None else left if max_tokens_per_call is None else min(left, max_tokens_per_call)
+            body = self._body(valid_text(text), budget)
+            if left is not None:
+                left -= len(body)
+            ids += (self._sep if i else []) + self._open + body + self._close
+        ids += self._tail
+        return ids if room is None else ids[:room]
+
+    def _body(self, text: str, budget: int | None) -> list[int]:
+        if budget is None:
+            return self._plain(text)
+        prefix = text[: budget * _MAX_CHARS_PER_TOKEN]
+        ids = self._plain(prefix)
+        if len(prefix) == len(text) and len(ids) <= budget:
+            return ids
+        more = len(text) - len(prefix)
+        keep = min(budget, len(ids))
+        while True:  # the note's tokens come out of the budget; `keep` only shrinks, so this ends
+            note = self._plain(f"\n[output cut: {len(ids) - keep} tokens" + (f" and {more} more characters" if more else "") + "]")
+            if len(note) > budget:
+                return []  # no room even for the note: the caller's room check ends the trajectory
+            if keep + len(note) <= budget:
+                return ids[:keep] + note
+            keep = min(keep - 1, budget - len(note))
+
+
+_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ENCODERS_LOCK = threading.Lock()
+
+
+def tool_response_encoder(tokenizer) -> ToolResponseEncoder:
+    """The tokenizer's `ToolResponseEncoder`, built once (it copies the backend tokenizer)."""
+    with _ENCODERS_LOCK:
+        enc = _ENCODERS.get(tokenizer)
+        if enc is None:
+            enc = _ENCODERS[tokenizer] = ToolResponseEncoder(tokenizer)
+        return enc
+
+
 def render_tool_response(tokenizer, text, *, close_turn: bool = True) -> list[int]:
-    """Token ids appended after a tool call (`text` may be a list: one block per call)."""
-    return tokenizer.encode(tool_response_text(text, close_turn=close_turn), add_special_tokens=False)
+    """Token ids appended after a tool call (`text` may be a list: one block per call), uncut."""
+    return tool_response_encoder(tokenizer).encode(text, close_turn=close_turn)
 
 
 def has_tool_call(text: str) -> bool:

@@ -4,8 +4,10 @@ Algorithm, one `step()`:
   1. Apply weights queued by `set_weights` (a version boundary between iterations; in-flight
      sequences keep their KV and continue, tokens record the version that sampled them).
   2. Collect finished tool calls without blocking: record outcomes (`ToolReturned`), append
-     the tool-response template tokens (mask 0) and queue the sequence to re-join; a result
-     with `done` (or a `ToolInfraError`) ends it. Collect finished scorings (`Finished`); a
+     the tool-response tokens (mask 0; tokenized on the tool thread, each call's output cut to
+     `max_tool_tokens` and all of them to the trajectory's room left, with a note the model
+     sees; engine/chat.py) and queue the sequence to re-join; a result with `done` (or a
+     `ToolInfraError`) ends it. Collect finished scorings (`Finished`); a
      scoring that raised `ToolInfraError` finishes unscored as "tool_infra" (step() never raises).
   3. Join: prefill only the not-yet-cached tokens of the queued sequences (one padded batch on
      their parked KV), sample their next tokens, admit them into the batched cache (up to
@@ -25,13 +27,15 @@ talks to the env; `BatchRunner` broadcasts each KV op to the followers, which re
 Invariants (tests/test_rollout*.py): with pauses, joins, cancellations and migrations, greedy
 tokens equal decoding each trajectory alone and log-probs match within 1e-5; a malformed tool
 call becomes a failure result the model sees; every added request ends in exactly one of
-`Finished`, `export` or `cancel`; trajectories satisfy `Trajectory.check()`.
+`Finished`, `export` or `cancel`; trajectories satisfy `Trajectory.check()`; no tool output makes
+a trajectory longer than `max_total_tokens`, and special-token text in it never becomes a special id.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import logging
 import threading
 import time
@@ -39,7 +43,7 @@ import zlib
 
 import torch
 
-from engine.chat import IM_END, TOOL_CALL_CLOSE, has_tool_call, parse_tool_calls, render_tool_response
+from engine.chat import IM_END, TOOL_CALL_CLOSE, has_tool_call, parse_tool_calls, tool_response_encoder
 from engine.devices import empty_cache
 from engine.rollout_runner import BatchRunner
 from engine.rollout_types import Finished, MigrationState, Progress, RolloutConfig, RolloutRequest, ToolReturned
@@ -79,8 +83,9 @@ class _Seq:
         self.st.versions.append(version)
 
 
-def _run_tools(episode, calls, timed_out: threading.Event):
+def _run_tools(episode, calls, timed_out: threading.Event, render):
     """Run a turn's calls in order; stop once the engine gave up waiting (its episode may be closing).
+    Returns the (result, latency) pairs and the response's token ids (`render`; None when a result ends it).
 
     Only `ToolInfraError` leaves: any other exception of the env is the call's failure result,
     which the model sees (a plug-in env whose `execute` raises must not end the rank)."""
@@ -101,7 +106,9 @@ def _run_tools(episode, calls, timed_out: threading.Event):
         results.append((res, time.monotonic() - t0))
         if res.done:
             break
-    return results
+    # tokenized here, not on the decode loop: a huge output costs this thread, never the batch
+    ids = None if timed_out.is_set() or any(res.done for res, _ in results) else render([res.text for res, _ in results])
+    return results, ids
 
 
 def _score_and_close(episode, final_text: str, score: bool):
@@ -136,6 +143,7 @@ class RolloutEngine:
         self._offloaded = False
         self.num_recomputed = 0  # requests whose KV a weight update made this engine recompute
         self.eos_ids = self._eos_ids(tokenizer, generation_config)
+        self.tool_encoder = tool_response_encoder(tokenizer)
         close = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
         self._close_call_id = close[0] if len(close) == 1 else None
         self._close_tail = len(close) + 2
@@ -303,15 +311,21 @@ class RolloutEngine:
         from envs.base import ToolInfraError
 
         try:
-            results = fut.result()
+            results, ids = fut.result()
         except ToolInfraError as e:
             log.warning("[libra rollout:%d] %s: tool infrastructure failed: %s", self.instance_id, seq.req.request_id, e)
             self.runner.drop([seq.req.request_id])
             self._finish(seq, "tool_infra", score=False)
             return
-        self._apply_results(seq, results, events)
+        self._apply_results(seq, results, events, ids)
 
-    def _apply_results(self, seq: _Seq, results, events: list) -> None:
+    def _render(self, seq: _Seq):
+        """The turn's response encoder: cut to the room the trajectory has left now (its length does not
+        change while its tools run) and to the per-call cap."""
+        return functools.partial(self.tool_encoder.encode, close_turn=seq.close_turn,
+                                 room=self.cfg.max_total_tokens - len(seq.ids), max_tokens_per_call=self.cfg.max_tool_tokens)
+
+    def _apply_results(self, seq: _Seq, results, events: list, ids: list[int] | None = None) -> None:
         rid = seq.req.request_id
         for res, latency_s in results:
             seq.st.tool_outcomes.append(tuple(res.outcome()))
@@ -322,7 +336,10 @@ class RolloutEngine:
             self.runner.drop([rid])
             self._finish(seq, "submit")
             return
-        for tok in render_tool_response(self.tokenizer, [res.text for res, _ in results], close_turn=seq.close_turn):
+        if ids is None:  # a timeout's note, made on the loop (small)
+            ids = self._render(seq)([res.text for res, _ in results])
+        assert len(seq.ids) + len(ids) <= self.cfg.max_total_tokens, "a tool response was not cut to the room left"
+        for tok in ids:
             seq.append(tok, 0, 0.0, -1)
         events.extend(ToolReturned(rid, res.outcome(), len(seq.ids)) for res, _ in results)
         if len(seq.ids) >= self.cfg.max_total_tokens:
@@ -414,7 +431,7 @@ class RolloutEngine:
             seq.phase = "tool"
             seq.started_s = time.monotonic()
             seq.timed_out = threading.Event()
-            seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out)
+            seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out, self._render(seq))
             return
         self._finish(seq, "stop" if by_eos else "max_tokens")
 

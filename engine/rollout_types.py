@@ -21,6 +21,7 @@ class RolloutConfig:
     max_new_tokens_per_turn: int = 256  # a model turn ends after this many sampled tokens
     max_turns: int = 8  # model turns per trajectory; a tool call in the last turn ends it ("max_turns")
     max_total_tokens: int = 4096  # prompt + model + tool tokens; beyond it the trajectory ends ("max_tokens")
+    max_tool_tokens: int = 2048  # tokens of one tool call's output the model sees; the rest is cut, with a note saying so
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
     max_batch: int = 64  # most sequences decoding at once; the rest wait to join
@@ -33,7 +34,7 @@ class RolloutConfig:
     vllm_kv_cache_mb: int = 1024  # --rollout.backend vllm: the KV cache of each instance (host memory on CPU)
 
     def __post_init__(self):
-        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_batch", "tool_workers", "progress_every_tokens",
+        for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens", "max_tool_tokens", "max_batch", "tool_workers", "progress_every_tokens",
                      "vllm_kv_cache_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1; set a positive value")
