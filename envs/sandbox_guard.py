@@ -7,7 +7,9 @@ checkout is not visible there, so the source travels on the command line), then 
      open fd can be reopened read-write through /proc/self/fd/N);
   2. sets no_new_privs and installs a seccomp filter (raw BPF, no library) that answers EACCES to
      socket() of any family but AF_INET/AF_INET6 (which the empty network namespace makes
-     useless), to datagram socketpair() (a datagram socket can sendto() any path), and to
+     useless), to socketpair() of anything but an AF_UNIX pair whose `type & 0xF` is SOCK_STREAM or
+     SOCK_SEQPACKET (an allow-list: the kernel makes SOCK_RAW a datagram pair, and a datagram
+     socket can sendto() any path), and to
      io_uring_setup() (io_uring can create sockets past the filter); a syscall of a foreign
      ABI (32-bit, x32) is refused outright. So no unix socket is reachable wherever it lives,
      whenever it was made: a boundary, not a scan of the filesystem.
@@ -15,8 +17,10 @@ checkout is not visible there, so the source travels on the command line), then 
 It exits 121 with a one-line reason when the kernel refuses the filter; the sandbox's start-up
 probe turns that into a RuntimeError naming the cause.
 
-Invariants (tests/test_sandbox.py): inside, socket(AF_UNIX) and socketpair(SOCK_DGRAM) fail
-with EACCES while TCP sockets and stream socketpairs work; no fd above 2 but the kept ones is open.
+Invariants (tests/test_sandbox.py, tests/adversarial_escapes.py): inside, socket(AF_UNIX) and
+socketpair() of type SOCK_DGRAM, SOCK_RAW, an unknown type or a family but AF_UNIX fail with EACCES
+(with or without SOCK_NONBLOCK/SOCK_CLOEXEC) while TCP sockets and stream and seqpacket socketpairs
+work; no unix datagram socket can be made; no fd above 2 but the kept ones is open.
 """
 
 import ctypes
@@ -31,7 +35,8 @@ _ARCH = {"x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup
          "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425})}
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
-_EACCES, _AF_INET, _AF_INET6, _SOCK_DGRAM, _SOCK_TYPE_MASK = 13, 2, 10, 2, 0xF
+_EACCES, _AF_UNIX, _AF_INET, _AF_INET6, _SOCK_TYPE_MASK = 13, 1, 2, 10, 0xF
+_SOCK_STREAM, _SOCK_SEQPACKET = 1, 5
 _X32_BIT = 0x40000000
 
 
@@ -40,8 +45,10 @@ def program(machine: str, little_endian: bool = True) -> list[tuple[int, int, in
     arch, nr = _ARCH[machine]
     low = 0 if little_endian else 4
     deny, allow = (_RET, 0, 0, _ERRNO | _EACCES), (_RET, 0, 0, _ALLOW)
-    # socketpair(domain, type, ...): only stream-like types (a datagram pair could sendto() a path)
-    pair = [(_LD, 0, 0, 24 + low), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, 1, _SOCK_DGRAM), deny, allow]
+    # socketpair(domain, type, ...): an allow-list, AF_UNIX with a connected type only; a deny-list of
+    # SOCK_DGRAM let SOCK_RAW through, which the kernel turns into a datagram pair that sendto()s any path
+    pair = [(_LD, 0, 0, 16 + low), (_JEQ, 0, 4, _AF_UNIX), (_LD, 0, 0, 24 + low), (_AND, 0, 0, _SOCK_TYPE_MASK),
+            (_JEQ, 2, 0, _SOCK_STREAM), (_JEQ, 1, 0, _SOCK_SEQPACKET), deny, allow]
     # socket(domain, ...): only the families the empty network namespace isolates
     sock = [(_LD, 0, 0, 16 + low), (_JEQ, 2, 0, _AF_INET), (_JEQ, 1, 0, _AF_INET6), deny, allow]
     tail = [(_JEQ, 0, 1, nr["io_uring_setup"]), deny, allow]

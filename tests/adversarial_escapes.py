@@ -160,6 +160,34 @@ def unix_socket_made_after_start_in_a_bound_dir(ctx):
 
 
 @attack("escape")
+def socketpair_raw_is_a_datagram_to_host_sockets(ctx):
+    """Issue 30: socketpair(AF_UNIX, SOCK_RAW) passed a guard that denied only SOCK_DGRAM; the kernel makes it a
+    datagram pair that sendto()s a host datagram socket. Every type but stream/seqpacket must fail at creation."""
+    ctx.math_env()
+    d = ctx.socket_dir or next((p for p in (sys.prefix, os.path.dirname(sys.executable)) if os.access(p, os.W_OK)), "")
+    if not d:
+        return Outcome(True, "skipped: no writable socket dir")
+    dgram, path = _host_unix_socket(d, socket.SOCK_DGRAM)
+    code = ("import socket\n"
+            "for typ in (socket.SOCK_RAW, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.SOCK_DGRAM, 9, 15):\n"
+            "    try:\n        a, b = socket.socketpair(socket.AF_UNIX, typ); a.sendto(b'x', %r); print('SENT', typ)\n"
+            "    except OSError as e: print('BLOCKED', typ, e.errno)\n" % path)
+    try:
+        out = run_py(ctx, code)
+        dgram.setblocking(False)
+        try:
+            got = dgram.recv(16)
+        except BlockingIOError:
+            got = b""
+    finally:
+        dgram.close()
+        os.unlink(path)
+    lines = out.strip().splitlines()
+    blocked = len(lines) == 5 and all(ln.startswith("BLOCKED") and ln.endswith(" 13") for ln in lines)
+    return Outcome(blocked and not got, "; ".join(lines)[:160] + f"; host got {got!r}")
+
+
+@attack("escape")
 def non_ip_socket_families(ctx):
     """vsock reaches the VM host and netlink the kernel; only TCP/UDP (useless without interfaces) may be opened."""
     code = ("import socket\nfor fam in (40, 16, 17, 1):\n"

@@ -183,9 +183,12 @@ for fam, typ in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.S
         socket.socket(fam, typ).close(); out.append("ok")
     except OSError as e:
         out.append(str(e.errno))
-for typ in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+for fam, typ in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_DGRAM), (socket.AF_UNIX, socket.SOCK_RAW),
+                 (socket.AF_UNIX, socket.SOCK_SEQPACKET), (socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC),
+                 (socket.AF_UNIX, socket.SOCK_RAW | socket.SOCK_NONBLOCK), (socket.AF_UNIX, 9), (socket.AF_UNIX, 0xF),
+                 (socket.AF_INET, socket.SOCK_STREAM)):
     try:
-        socket.socketpair(socket.AF_UNIX, typ); out.append("ok")
+        a, b = socket.socketpair(fam, typ); a.close(); b.close(); out.append("ok")
     except OSError as e:
         out.append(str(e.errno))
 print(" ".join(out), sorted(int(f) for f in os.listdir("/proc/self/fd")))
@@ -201,8 +204,10 @@ def test_the_guard_allows_ip_sockets_only_and_leaves_no_inherited_fd(sandbox, wo
         os.close(keep_w)
     assert r.status == "success", r.stderr
     got, fds = r.stdout.split(" [")
-    # unix stream, unix dgram, netlink, vsock refused (EACCES); TCP, UDP6, a stream pair allowed; no datagram pair
-    assert got.split() == ["13", "13", "13", "13", "ok", "ok", "ok", "13"]
+    # unix stream, unix dgram, netlink, vsock refused (EACCES); TCP, UDP6 allowed; of the unix pairs only
+    # stream and seqpacket (flags or not): dgram, raw (a datagram pair to the kernel), unknown types and
+    # another family refused
+    assert got.split() == ["13", "13", "13", "13", "ok", "ok"] + ["ok", "13", "13", "ok", "ok", "13", "13", "13", "13"]
     # 0-2, the fd passed on purpose, the listing's own: nothing else (the set-up pipe is closed)
     assert [int(x) for x in fds.rstrip("]\n").split(", ")] == sorted({0, 1, 2, 3, keep_w}), r.stdout
 
