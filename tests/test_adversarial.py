@@ -79,11 +79,11 @@ def _custom_root() -> Path:
     return path
 
 
-def _expose_interpreter(argv: list[str], *, uid: int | None) -> list[str]:
+def _expose_interpreter(argv: list[str], *, uid: int | None, stage: Path) -> list[str]:
     """argv run in a private mount namespace where /root and /home are traversable, with the
-    interpreter's dirs under them bound back, optionally as `uid` (root only)."""
+    interpreter's dirs under them bound back, optionally as `uid` (root only). `stage` is the
+    caller's to remove (empty again once the binds moved away; one was left per run, issue 30)."""
     dirs = [d for d in sfs.interpreter_dirs() if sfs.under(d, "/root") or sfs.under(d, "/home")]
-    stage = tempfile.mkdtemp(prefix="libra-adv-stage-")  # empty again once the binds moved away
     script = ('set -e; i=0; for d in $DIRS; do mkdir -p "$STAGE/$i"; mount --bind "$d" "$STAGE/$i"; i=$((i+1)); done\n'
               'for top in /root /home; do [ -d $top ] && mount -t tmpfs -o size=1m,mode=755 none $top; done\n'
               'i=0; for d in $DIRS; do mkdir -p "$d"; mount --move "$STAGE/$i" "$d"; i=$((i+1)); done\n'
@@ -100,7 +100,7 @@ def _run_driver(args: list[str], *, uid: int | None) -> tuple[dict, str]:
     out = work / "results.json"
     argv = [sys.executable, str(DRIVER), "--json", str(out), *args]
     if os.geteuid() == 0:
-        argv = _expose_interpreter(argv, uid=uid)
+        argv = _expose_interpreter(argv, uid=uid, stage=work / "stage")
     env = {**os.environ, "HOME": str(work), "TMPDIR": "/tmp"}
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env, cwd=str(DRIVER.parent.parent))
