@@ -17,7 +17,11 @@ Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
 3. Wait up to the wall timeout; then kill every process of the call (status "timeout" if it had
    to be killed before it exited), read the cgroup's stats into `info`, remove the cgroups.
 4. Read at most `max_output_bytes` of stdout/stderr from unlinked temp files, release the slot.
-Work dirs (`make_workdir`) are size- and inode-capped tmpfs mounts when we are root.
+Work dirs (`make_workdir`) are size- and inode-capped tmpfs mounts when we are root. Otherwise
+the wait polls the work dir's usage every `_QUOTA_POLL_S` and kills the call once it is over a cap,
+and after every call (a timed-out one too) what the call wrote is removed until the dir is back
+under its caps (envs/sandbox_fs.py `trim`): the call is then a "failure" whose stderr names the
+cap and what was removed.
 
 `auto` never falls back silently: where namespaces do not work it raises RuntimeError telling
 to pass `--env.isolation rlimits` and what that lacks.
@@ -38,7 +42,8 @@ Invariants (tests/test_sandbox*.py, tests/test_adversarial.py, tests/test_startu
 fork bombs, memory blow-ups (also across processes and through tmpfs), infinite loops, 1 GB writes,
 network connects, reads/writes outside the work dir, unmounts and setsid daemons are contained;
 every call returns within timeout + 1 s; no process, open file, cgroup or temp dir outlives its
-call / work dir; a venv reached through a symlink runs; an interpreter the sandbox uid cannot read
+call / work dir; a work dir is within its caps after every call (a call that went over is a failure
+that says so, and what it wrote is gone); a venv reached through a symlink runs; an interpreter the sandbox uid cannot read
 is a one-line error naming the path.
 """
 
@@ -71,6 +76,7 @@ __all__ = ["Sandbox", "SandboxConfig", "SandboxResult"]
 logger = logging.getLogger(__name__)
 
 _NOBODY_UID = 65534
+_QUOTA_POLL_S = 0.1  # how often a work dir that is not a capped tmpfs is measured during a call
 _ENVS_DIR = Path(__file__).resolve().parent
 _DATA_DIRS = tuple(str(_ENVS_DIR / d) for d in ("swe_projects", "swe_tasks", "swe_hidden"))  # what a policy must not read
 
@@ -185,7 +191,7 @@ class Sandbox:
         elif self._cgroups.why:
             out.append(f"cgroups lack {self._cgroups.why}")
         if not self._workdir_tmpfs:
-            out.append("work dir size checked only after each call (not root)")
+            out.append("work dir size polled during each call and trimmed after it, not capped by a mount (not root)")
         return out
 
     def _rlimits_lacks(self) -> str:
@@ -369,6 +375,7 @@ class Sandbox:
                     inp.write(stdin.encode("utf-8", "replace"))
                     inp.seek(0)
                 t0 = time.monotonic()
+                since_ns = sfs.coarse_now_ns()
                 command, fstab = self._command(argv, cwd, ok_w, group, use_ns, read_only, keep_fds=pass_fds)
                 try:
                     proc = sp.start(lambda: subprocess.Popen(
@@ -379,8 +386,9 @@ class Sandbox:
                 finally:
                     os.close(ok_w)
                     ok_w = -1
+                polled = not self._workdir_tmpfs and not read_only
                 try:
-                    timed_out = sp.wait_exit(proc, timeout)
+                    timed_out, over_cap = self._wait(proc, cwd, timeout, polled)
                 finally:
                     self._kill_all(proc, marker, group, use_ns)
                     sp.unregister(proc.pid)
@@ -402,22 +410,48 @@ class Sandbox:
             what = f"did not finish within {timeout:g} s" if timed_out else f"failed (exit {proc.returncode})"
             raise ToolInfraError(f"sandbox set-up {what}: {stderr.strip()[:300]}")
         rc = proc.returncode
-        if timed_out:
+        if timed_out or over_cap:
             # Report the kill itself, not how the wrapper exited after its child was killed.
             rc = -signal.SIGKILL
             stderr = "".join(ln for ln in stderr.splitlines(keepends=True) if not ln.startswith("unshare: "))
         status = "timeout" if timed_out else "success" if rc == 0 else "failure"
-        if not self._workdir_tmpfs and status != "timeout":
-            status, stderr = self._check_quota(cwd, status, stderr)
+        if polled:
+            status, stderr = self._check_quota(cwd, status, stderr, since_ns, stopped=over_cap)
         return SandboxResult(returncode=rc, stdout=stdout, stderr=stderr, status=status, latency_s=latency_s,
                              truncated=cut_out or cut_err, info={"isolation": self.isolation, **stats})
 
-    def _check_quota(self, cwd: Path, status: str, stderr: str) -> tuple[str, str]:
+    def _over_cap(self, cwd: Path) -> bool:
         used, entries = sfs.usage(cwd, self.cfg.workdir_inodes)
-        if used <= self.cfg.workdir_mb << 20 and entries <= self.cfg.workdir_inodes:
+        return used > self.cfg.workdir_mb << 20 or entries > self.cfg.workdir_inodes
+
+    def _wait(self, proc: subprocess.Popen, cwd: Path, timeout: float, polled: bool) -> tuple[bool, bool]:
+        """(timed out, stopped over the work-dir cap): a work dir that is no capped tmpfs is measured while we wait."""
+        if not polled:
+            return sp.wait_exit(proc, timeout), False
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if not sp.wait_exit(proc, max(0.0, min(_QUOTA_POLL_S, left))):
+                return False, False
+            if left <= _QUOTA_POLL_S:
+                return True, False
+            if self._over_cap(cwd):
+                return False, True
+
+    def _check_quota(self, cwd: Path, status: str, stderr: str, since_ns: int, *, stopped: bool) -> tuple[str, str]:
+        """The work dir back under its caps: what this call wrote is removed, largest first; the call is then a failure."""
+        cap_bytes, cap_entries = self.cfg.workdir_mb << 20, self.cfg.workdir_inodes
+        if not stopped and not self._over_cap(cwd):
             return status, stderr
-        note = (f"\n[sandbox: the work dir holds {used >> 20} MB in {entries} entries, over its cap of "
-                f"{self.cfg.workdir_mb} MB / {self.cfg.workdir_inodes} entries; delete files]\n")
+        try:
+            used, entries, removed = sfs.trim(cwd, since_ns=since_ns, max_bytes=cap_bytes, max_entries=cap_entries)
+        except OSError as e:
+            raise ToolInfraError(f"sandbox: could not bring the work dir {cwd} back under its cap: {e}") from e
+        shown = ", ".join(removed[:10]) + (f" and {len(removed) - 10} more" if len(removed) > 10 else "")
+        note = (f"\n[sandbox: the call went over the work dir's cap of {self.cfg.workdir_mb} MB / {cap_entries} entries"
+                + (" and was stopped" if stopped else "")
+                + (f"; removed what it wrote: {shown}" if removed else "")
+                + f"; the work dir now holds {used >> 20} MB in {entries} entries]\n")
         return "failure", stderr + note
 
     def _kill_all(self, proc: subprocess.Popen, marker: str, group: cg.CallGroup | None, use_ns: bool) -> None:

@@ -18,11 +18,16 @@ umount, chroot or new namespace.
 
 Work dirs: as root each is a tmpfs with a size and an inode cap (`mount(2)` at creation, lazily
 detached at removal; mounts of a dead process are swept at start). Otherwise a plain dir whose
-usage `usage()` measures after each call.
+usage `usage()` polls during each call (envs/sandbox.py kills the call when it goes over) and
+`trim()` brings back under the caps after it: what the call changed (ctime at or after its start
+on the kernel's coarse clock, the one file times come from) is removed, largest file first, then
+its emptied dirs, deepest first. The walk and every removal go through dir fds opened with
+O_NOFOLLOW, so a link planted in the work dir never leads a removal outside it.
 
 Invariants (tests/test_sandbox.py, tests/test_adversarial.py): inside, only the bound dirs and
 the work dir exist and only the work dir and the private tmpfs are writable; a work dir never
-exceeds its caps as root; `remove_tree` removes what the model made unreadable.
+exceeds its caps as root, and is back under them after every call otherwise (what the call wrote
+is removed, nothing older); `remove_tree` removes what the model made unreadable.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import shutil
 import subprocess
 import stat
 import sys
+import time
 from pathlib import Path
 
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -266,3 +272,107 @@ def usage(path: Path, max_entries: int) -> tuple[int, int]:
         except OSError:
             continue
     return total, entries
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+CLOCK_REALTIME_COARSE = 5  # Linux: the clock inode times are stamped from (time has no name for it)
+
+
+def coarse_now_ns() -> int:
+    """Now, on the clock file ctimes come from: a file changed after this has ctime_ns >= it."""
+    try:
+        return time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
+    except OSError:
+        return time.time_ns() - 20_000_000  # no coarse clock: a tick early (a file changed just before may count)
+
+
+def _open_dir(root: Path, parts: tuple) -> int:
+    """An fd of `root/parts...` reached without following links; a dir the model made unreadable
+    (mode 000: its owner is us when we are not root) gets u+rwx back first."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except PermissionError:
+                pfd = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    os.chmod(f"/proc/self/fd/{pfd}", 0o700)
+                finally:
+                    os.close(pfd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _walk_fd(root: Path):
+    """(parent's path parts, name, lstat) of every entry under `root`, without following links.
+    Each dir is reopened from `root` when its turn comes, so the walk holds one fd however wide the tree."""
+    stack: list[tuple] = [()]
+    while stack:
+        parts = stack.pop()
+        try:
+            fd = _open_dir(root, parts)
+        except OSError:  # swapped for a link or removed since it was listed
+            continue
+        try:
+            for name in os.listdir(fd):
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                yield parts, name, st
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((*parts, name))
+        finally:
+            os.close(fd)
+
+
+def trim(path: Path, *, since_ns: int, max_bytes: int, max_entries: int) -> tuple[int, int, list[str]]:
+    """Remove what changed under `path` at or after `since_ns` until it holds at most `max_bytes` in
+    `max_entries` entries: files largest first, then emptied dirs deepest first.
+    Returns (bytes, entries) after, and the paths removed, in order."""
+    used = entries = 0
+    files: list[tuple[int, tuple, str]] = []  # (bytes, parent parts, name)
+    dirs: list[tuple[int, tuple, str]] = []  # (depth, parent parts, name)
+    for parts, name, st in _walk_fd(path):
+        used += st.st_blocks * 512
+        entries += 1
+        if st.st_ctime_ns < since_ns:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            dirs.append((len(parts), parts, name))
+        else:
+            files.append((st.st_blocks * 512, parts, name))
+    removed: list[str] = []
+    for size, parts, name in sorted(files, reverse=True):
+        if used <= max_bytes and entries <= max_entries:
+            break
+        if _remove(path, parts, name, rmdir=False):
+            used, entries = used - size, entries - 1
+            removed.append("/".join((*parts, name)))
+    for _, parts, name in sorted(dirs, reverse=True):
+        if entries <= max_entries:
+            break
+        if _remove(path, parts, name, rmdir=True):
+            entries -= 1
+            removed.append("/".join((*parts, name)) + "/")
+    return used, entries, removed
+
+
+def _remove(root: Path, parts: tuple, name: str, *, rmdir: bool) -> bool:
+    try:
+        fd = _open_dir(root, parts)
+    except OSError:
+        return False
+    try:
+        (os.rmdir if rmdir else os.unlink)(name, dir_fd=fd)
+        return True
+    except OSError:  # gone, or (a dir) not empty: it stays
+        return False
+    finally:
+        os.close(fd)

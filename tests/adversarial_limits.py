@@ -9,6 +9,7 @@ import threading
 import uuid
 
 from adversarial_base import Outcome, attack, call, run_py, swe_with_init
+from envs.sandbox_fs import usage  # noqa: E402 - adversarial_base puts the repo on sys.path
 
 # ---- host-side tools ----------------------------------------------------------------------------
 
@@ -162,11 +163,31 @@ def disk_and_inode_quota(ctx):
         "print('WROTE', mb, 'MB', files, 'FILES')\n")
     env = ctx.math_env(timeout_s=30.0)
     out = run_py(ctx, code, env)
+    if "went over the work dir's cap" in out:  # not root: the poll stopped the call before it finished
+        return Outcome(True, out.strip()[-120:])
     try:
         mb, files = int(out.split()[1]), int(out.split()[3])
     except (IndexError, ValueError):
         return Outcome(False, out.strip()[-80:])
     return Outcome(mb < 200 and files < 30000, out.strip())
+
+
+@attack("limits")
+def workdir_cap_keeps_no_files_past_it(ctx):
+    """Issue 30: without root the work-dir cap was named but not enforced (1,086 MB written against 64 MB, and
+    the files stayed). One call writes 3x a 16 MB cap and exits: after it the dir is back under the cap, and the
+    model saw the call fail (its writes refused, or the call failed with the cap named)."""
+    env = ctx.math_env(workdir_mb=16)
+    ep = env.start(env.tasks()[0])
+    try:
+        first = ep.execute(call("python", code=(
+            "n = 0\ntry:\n    for i in range(12):\n        open('big%d' % i, 'wb').write(b'0' * (4 << 20)); n += 1\n"
+            "except OSError as e: print('REFUSED', e.errno)\nprint('WROTE', n)\n")))
+        held, _ = usage(ep.workdir, 100_000)
+    finally:
+        ep.close()
+    told = "REFUSED" in first.text or (first.status == "failure" and "cap of 16 MB" in first.text)
+    return Outcome(told and held <= 16 << 20, f"{first.status}: {first.text.strip()[-120:]!r}; then holds {held >> 20} MB")
 
 
 @attack("limits")

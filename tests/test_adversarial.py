@@ -47,7 +47,7 @@ LIMIT_LACKS = {
     "memory_across_processes": "no cgroups",
     "tmpfs_not_counted": "no cgroups",
     "cpu_quota": "no cgroups",
-    "disk_and_inode_quota": "work dir size checked only after each call",
+    "disk_and_inode_quota": "work dir size polled during each call",
 }
 
 

@@ -319,3 +319,49 @@ def test_workdir_removed_and_missing_workdir_is_infra_error():
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SandboxConfig(**kw)
+
+
+@pytest.fixture(params=["auto", "rlimits"])
+def plain_workdir_sandbox(request, monkeypatch):
+    """Work dirs as plain dirs, as when the runtime is not root (as root they are capped tmpfs mounts)."""
+    monkeypatch.setattr(Sandbox, "_probe_workdir_tmpfs", lambda self: False)
+    sb = Sandbox(SandboxConfig(**{**CFG.__dict__, "isolation": request.param, "workdir_mb": 16, "workdir_inodes": 200,
+                                  "timeout_s": 10.0}))
+    assert "trimmed after it" in sb.isolation
+    return sb
+
+
+def _after_call(sb, w, code):
+    r = sb.run([PY if sb.isolation.startswith("pid+net") else PY_PUBLIC, "-c", code], cwd=w)
+    used, entries = sfs.usage(w, 10_000)
+    return r, used, entries
+
+
+def test_a_plain_work_dir_over_its_cap_is_trimmed_and_the_call_fails(plain_workdir_sandbox, tmp_path):
+    """Issue 30: without root, one call wrote 1,086 MB against a 64 MB cap and the files stayed."""
+    sb = plain_workdir_sandbox
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"x" * 100)
+    with sb.workdir("q") as w:
+        (w / "keep.txt").write_text("written before the call")
+        sb.own(w)
+        code = ("import os\nos.symlink(%r, 'link')\n" % str(outside)
+                + "for i in range(3):\n    open('big%d' % i, 'wb').write(b'0' * (7 << 20))\n")
+        r, used, entries = _after_call(sb, w, code)
+        assert r.status == "failure" and "went over the work dir's cap of 16 MB / 200 entries" in r.stderr, r
+        assert "removed what it wrote: big" in r.stderr and used <= 16 << 20
+        assert (w / "keep.txt").read_text() == "written before the call"
+        # many entries: trimmed back under the entry cap; an earlier file stays
+        r, used, entries = _after_call(sb, w, "import os\nos.mkdir('many')\nfor i in range(400): open('many/%d' % i, 'w').close()")
+        assert r.status == "failure" and entries <= 200 and (w / "keep.txt").exists(), r
+    assert (outside / "precious").read_bytes() == b"x" * 100  # the link was never followed
+
+
+def test_a_call_writing_past_the_cap_is_stopped_before_its_timeout(plain_workdir_sandbox):
+    sb = plain_workdir_sandbox
+    with sb.workdir("q") as w:
+        code = "import time\ni = 0\nwhile True:\n    open('f%d' % i, 'wb').write(b'0' * (1 << 20)); i += 1; time.sleep(0.01)\n"
+        r, used, _ = _after_call(sb, w, code)
+    # the 10 s timeout never fired: the poll saw the dir go over and killed the call
+    assert r.status == "failure" and "and was stopped" in r.stderr and used <= 16 << 20, r
