@@ -10,9 +10,10 @@ Algorithm:
 2. Tool `python(code)` writes the code to the episode's sandbox work dir and runs it
    (envs/sandbox.py): stdout/stderr come back, status success/failure/timeout.
 3. The answer goes in `\\boxed{...}` (last one counts); reward 1 when it is equivalent to the
-   gold answer (envs/math_grade.py: an exact match, else math_verify in a worker process,
-   bounded in time and right on any thread), else 0; the reward says why (correct, wrong,
-   no_answer, timeout, grader_error).
+   gold answer (envs/math_grade.py: an exact match, else math_verify in a process of its own
+   with a deadline that counts its wait, right on any thread, slow answers never delaying honest
+   ones), else 0; the reward says why (correct, wrong, no_answer, timeout, grader_error): a
+   grading timeout is a scored 0, never a dropped trajectory.
 
 Tasks can also come from a verl-schema file (`data_path`, DAPO-Math rows; envs/datasets.py).
 
@@ -54,7 +55,7 @@ class MathConfig:
     max_code_bytes: int = 32768  # longer code is refused with a failure result
     max_concurrent: int = 8  # python calls running at once across episodes
     grade_timeout_s: float = 5.0  # wall limit of one answer comparison (math_verify in a worker)
-    grade_workers: int = 2  # comparison worker processes
+    grade_workers: int = 16  # answer comparisons graded at once (each a fork of one warm process); more wait, within their deadline
 
     def __post_init__(self):
         for name in ("num_tasks", "timeout_s", "memory_mb", "max_output_bytes", "max_code_bytes", "max_concurrent",
@@ -184,7 +185,7 @@ class MathEnv:
             env_cfg, timeout_s=cfg.timeout_s, cpu_s=math.ceil(cfg.timeout_s) + 1, memory_mb=cfg.memory_mb,
             max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent))
         self.sandbox.check_interpreter(["-c", "pass"], "its standard library")
-        self.grader = MathGrader(timeout_s=cfg.grade_timeout_s, num_workers=cfg.grade_workers)
+        self.grader = MathGrader(timeout_s=cfg.grade_timeout_s, max_concurrent=cfg.grade_workers)
         self.faults: collections.Counter = collections.Counter()  # "tool:ExceptionType" of model-caused tool errors
         if data_path is not None:
             self._tasks = load_verl_tasks(data_path, bench="math", tools=(PYTHON_TOOL,), system=SYSTEM)[:num_tasks]
