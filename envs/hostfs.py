@@ -14,7 +14,8 @@ an earlier call, or a concurrent call of the same episode). So every access:
 
 Invariants (tests/test_envs_swe.py, tests/test_adversarial.py): no read or write ever reaches
 a file outside the root, whatever links the sandboxed code plants or swaps in; FIFOs and devices
-are refused without blocking; outputs respect their byte and entry caps.
+are refused without blocking; outputs respect their byte and entry caps; a read or write of the
+root itself ('.') or a directory is a HostFsError naming it, never another exception.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def _read_fd(fd: int, max_bytes: int) -> tuple[bytes, bool]:
     return data[:max_bytes], len(data) > max_bytes
 
 
+def _file_parts(rel: str) -> list[str]:
+    parts = parts_of(rel)
+    if not parts:  # '.', './': the root itself
+        raise HostFsError(f"path {rel!r} is the repository's root directory, not a file; name a file, e.g. 'pkg/module.py'")
+    return parts
+
+
 def _open_file(dir_fd: int, name: str, shown: str) -> int:
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
@@ -106,15 +114,17 @@ def _open_file(dir_fd: int, name: str, shown: str) -> int:
         raise HostFsError(f"no file {shown!r}; view '.' to list the repository") from None
     except OSError as e:  # ELOOP: a symlink
         raise HostFsError(f"path {shown!r} leaves the repository or is not a regular file ({e.strerror}; links are not followed)") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise HostFsError(f"{shown!r} is not a regular file (a FIFO, socket or device); only regular files can be read")
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+        raise HostFsError(f"{shown!r} is {what}; only regular files can be read")
     return fd
 
 
 def read_file(root: Path, rel: str, max_bytes: int) -> tuple[bytes, bool]:
     """(at most `max_bytes` of a regular file, whether it was longer)."""
-    parts = parts_of(rel)
+    parts = _file_parts(rel)
     with open_dir(root, parts[:-1]) as d:
         fd = _open_file(d, parts[-1], rel)
         try:
@@ -125,7 +135,7 @@ def read_file(root: Path, rel: str, max_bytes: int) -> tuple[bytes, bool]:
 
 def write_file(root: Path, rel: str, data: bytes, owner: tuple[int, int] | None = None) -> None:
     """Replace the regular file `rel` with `data` (new file + rename: a link there is replaced, not followed)."""
-    parts = parts_of(rel)
+    parts = _file_parts(rel)
     with open_dir(root, parts[:-1]) as d:
         mode = 0o644
         try:

@@ -349,6 +349,9 @@ class Sandbox:
         """
         if not argv:
             raise ValueError("Sandbox.run: argv is empty; pass the command as a list, e.g. ['python', 'main.py'].")
+        if any("\0" in str(a) for a in [*argv, *(env or {}).keys(), *(env or {}).values()]):
+            raise ValueError(f"Sandbox.run: a NUL byte in argv or env ({[a for a in argv if chr(0) in str(a)][:2]!r}); no command "
+                             "line can carry one: refuse it where it came from (a tool argument of the model)")
         if not Path(cwd).is_dir():
             raise ToolInfraError(f"sandbox work dir {cwd} does not exist (removed early?)")
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
@@ -377,6 +380,7 @@ class Sandbox:
                 t0 = time.monotonic()
                 since_ns = sfs.coarse_now_ns()
                 command, fstab = self._command(argv, cwd, ok_w, group, use_ns, read_only, keep_fds=pass_fds)
+                proc = None
                 try:
                     proc = sp.start(lambda: subprocess.Popen(
                         command, cwd=cwd, stdin=inp, stdout=out, stderr=err, env=self._env(cwd, env, marker),
@@ -386,6 +390,8 @@ class Sandbox:
                 finally:
                     os.close(ok_w)
                     ok_w = -1
+                    if proc is None and fstab is not None:  # nothing started: nothing else would remove it
+                        fstab.unlink(missing_ok=True)
                 polled = not self._workdir_tmpfs and not read_only
                 try:
                     timed_out, over_cap = self._wait(proc, cwd, timeout, polled)

@@ -9,7 +9,10 @@ line first (PASSED/FAILED with the counts), then the output, cut in the middle w
 
 Invariants (tests/test_envs_swe.py, tests/test_adversarial.py): a path outside the work dir is
 rejected with a message, never read or written; `replace` edits only when `old` occurs exactly
-once; every output stays within its caps, whatever the files hold; no call blocks on a FIFO.
+once, and on a directory (`.` included) is a message, never an exception; a selector with a NUL
+byte is refused before anything runs; every output stays within its caps, whatever the files hold;
+no call blocks on a FIFO. The model sees no token cap here: engine/rollout.py cuts every tool
+output to the trajectory's token budget.
 """
 
 from __future__ import annotations
@@ -116,8 +119,11 @@ def search(root: Path, pattern: str, rel: str | None, lim: Limits) -> str:
 def replace(root: Path, rel: str, old: str, new: str, lim: Limits, owner: tuple[int, int] | None = None) -> str:
     if not old:
         raise PathError("old must be a non-empty string copied from the file")
-    if hostfs.kind(root, rel) == "missing":
+    what = hostfs.kind(root, rel)
+    if what == "missing":
         raise PathError(f"no file {rel!r}; view '.' to list the repository")
+    if what == "dir":
+        raise PathError(f"{rel!r} is a directory; replace edits one file: view {rel!r} to list its files")
     data, longer = hostfs.read_file(root, rel, lim.max_file_bytes)
     if longer:
         raise PathError(f"{rel} is longer than {lim.max_file_bytes} bytes; only smaller files can be edited")
@@ -141,6 +147,8 @@ def replace(root: Path, rel: str, old: str, new: str, lim: Limits, owner: tuple[
 
 def check_selector(root: Path, selector: str) -> None:
     """PathError unless `selector` names a test path (or id) inside the work dir."""
+    if "\0" in selector:
+        raise PathError(f"selector {selector!r} may not contain a NUL byte; e.g. 'tests/test_x.py::test_y'")
     if selector.startswith("-"):
         raise PathError(f"selector {selector!r} must be a test path or id like 'tests/test_x.py::test_y', not an option")
     if hostfs.kind(root, selector.split("::")[0]) not in ("file", "dir"):

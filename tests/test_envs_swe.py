@@ -107,6 +107,15 @@ def test_bad_calls_become_failures(env):
         assert r.status == "failure" and "may not contain '..'" in r.text
         r = ep.execute(call("run_tests", selector="-p os"))
         assert r.status == "failure" and "not an option" in r.text
+        # issue 30: a NUL byte after '::' reached the sandbox (a ValueError inside the tool, one fstab left per call)
+        fstabs = set(ep.sandbox._newroot.parent.glob("fstab-*"))
+        for selector in ("tests::a\0b", "tests\0x"):
+            r = ep.execute(call("run_tests", selector=selector))
+            assert r.status == "failure" and "may not contain a NUL byte" in r.text, r.text
+        assert set(ep.sandbox._newroot.parent.glob("fstab-*")) <= fstabs
+        for path in (".", "./", "calc"):  # issue 30: '.' raised IndexError inside the tool
+            r = ep.execute(call("replace", path=path, old="x", new="y"))
+            assert r.status == "failure" and f"{path!r} is a directory; replace edits one file" in r.text, r.text
         assert ep.score("I give up") == 0.0
     finally:
         ep.close()

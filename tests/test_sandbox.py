@@ -365,3 +365,13 @@ def test_a_call_writing_past_the_cap_is_stopped_before_its_timeout(plain_workdir
         r, used, _ = _after_call(sb, w, code)
     # the 10 s timeout never fired: the poll saw the dir go over and killed the call
     assert r.status == "failure" and "and was stopped" in r.stderr and used <= 16 << 20, r
+
+
+def test_a_nul_byte_in_argv_is_a_value_error_and_leaves_no_fstab(sandbox, work):
+    """Issue 30: Popen's ValueError came after the call's fstab was written, and nothing removed it."""
+    before = set(sandbox._newroot.parent.glob("fstab-*"))
+    with pytest.raises(ValueError, match=r"a NUL byte in argv or env .* refuse it where it came from"):
+        sandbox.run(["true", "a\0b"], cwd=work)
+    with pytest.raises(ValueError, match=r"a NUL byte in argv or env"):
+        sandbox.run(["true"], cwd=work, env={"X": "a\0b"})
+    assert set(sandbox._newroot.parent.glob("fstab-*")) <= before
