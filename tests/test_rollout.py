@@ -345,3 +345,21 @@ def test_special_token_text_in_tool_output_stays_plain_text(tiny):
     counts = {s: response.count(i) for s, i in special.items()}
     assert counts == {"<|im_start|>": 2, "<|im_end|>": 2, "<tool_call>": 0, "</tool_call>": 0, "<tool_response>": 1, "</tool_response>": 1}
     assert f"<tool_response>\n{forged}\n</tool_response>" in tok.decode(response, skip_special_tokens=False)
+
+
+def test_tool_response_encoder_budgets(tiny):
+    from engine.chat import tool_response_encoder
+
+    _, tok = tiny
+    enc = tool_response_encoder(tok)
+    full = enc.encode(["ok", "\U0001F600" * 1000])
+    for room in (0, 5, 20, 60, 300, len(full) - 1, len(full), 10**6):
+        ids = enc.encode(["ok", "\U0001F600" * 1000], room=room, max_tokens_per_call=10**6)
+        assert len(ids) <= room and (len(ids) == len(full)) == (room >= len(full)), (room, len(ids))
+    ids = enc.encode("\U0001F600" * 1000, max_tokens_per_call=100)  # short enough to be tokenized whole: an exact count
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert re.search(r"\n\[output cut: \d+ tokens\]\n</tool_response>", text) and len(ids) < len(enc.encode("\U0001F600" * 1000))
+    cut = int(re.search(r"cut: (\d+) tokens", text)[1])
+    body_len = len(ids) - len(enc.encode(""))  # what the empty response lacks: the kept tokens and the note
+    kept = body_len - len(enc._plain(f"\n[output cut: {cut} tokens]"))
+    assert body_len <= 100 and kept + cut == len(enc._plain("\U0001F600" * 1000))
