@@ -21,7 +21,8 @@ So comparisons run with math_verify's signal timeouts off, in processes of their
    and never an infra drop. A child that dies (out of memory) is "grader_error", as is every
    comparison in flight when the zygote dies; the next comparison starts a new zygote. Each reason
    goes to the metrics row (envs.base.Reward) and the log.
-4. `close()` kills the zygote's process group (its children too): comparisons in flight return
+4. `close()` ends the zygote (SIGTERM: it kills and reaps its children; then SIGKILL to its process
+   group for anything left): comparisons in flight return
    "grader_error" at once, without raising or hanging; a later comparison starts a new zygote. A
    zygote whose parent died exits at the end of its stdin, and its children die with it
    (PR_SET_PDEATHSIG).
@@ -112,6 +113,10 @@ def zygote_main() -> None:
             _child(parse, verify, req, out_fd, me)
         by_id[req["id"]], by_pid[pid] = pid, req["id"]
 
+    def stop(_sig, _frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)  # close(): kill and reap the children (a subreaper host would get zombies)
     send({"ready": True})
     buf = b""
     try:
@@ -135,6 +140,8 @@ def zygote_main() -> None:
     finally:
         for pid in by_pid:
             os.kill(pid, signal.SIGKILL)
+        for pid in by_pid:
+            os.waitpid(pid, 0)
 
 
 class _Pending:
@@ -211,11 +218,13 @@ class _Zygote:
             self.pending.pop(cid, None)
 
     def kill(self) -> None:
+        """SIGTERM (it kills and reaps its children), then SIGKILL to the whole group for what is left."""
         try:
+            self.proc.terminate()
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:  # still alive, so its group id is still ours to kill
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+            self.proc.wait()
         with self._write_lock:
             try:
                 self.proc.stdin.close()
