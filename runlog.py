@@ -34,6 +34,15 @@ SUMMARY_FIELDS = ("bench", "system", "mode", "steps", "tokens_per_s", "trajector
                   "reward_last", "wall_s", "dropped", "peak_rss_mb")
 
 
+LAG_KEY = "trajectories_at_lag/"  # row extra "trajectories_at_lag/K": trained trajectories whose oldest token is K versions old
+
+
+def trajectory_lags(row: dict) -> list[int]:
+    """Every trained trajectory's lag in a metrics row (the `LAG_KEY` counts), in ascending order."""
+    counts = {int(k[len(LAG_KEY):]): int(v) for k, v in row.items() if k.startswith(LAG_KEY)}
+    return [lag for lag in sorted(counts) for _ in range(counts[lag])]
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricsRow:
     step: int  # 1-based step number

@@ -3,6 +3,7 @@
     python -m bench.convergence [--systems libra,colocate,static,verl-async,fully-async,partial-rollout]
                                 [--seeds 3] [--steps 40] [--target 0.8] [--out runs/convergence]
                                 [--profile FILE | --no-profile] [--model tiny|smollm2] [--lr LR]
+    python -m bench.convergence --lags 0,1,2,4 [--objectives decoupled,bypass,recompute] [--model ...] [--seeds N]
 
 Each (system, seed) is a real `python libra.py` run (separate processes, one after another, so
 they do not share the cores) of the tiny policy (or `--model smollm2`) on `examples/digits_env.py` (a dense reward a
@@ -12,11 +13,12 @@ unless `--profile` names one; `--no-profile` plans on the built-in CPU table, wh
 moves ranks to a trainer that FSDP across shared cores makes slower). It reports per system:
 steps and wall seconds to the first step whose mean reward reaches the target (mean and range
 over seeds; "-" when a seed never reached it), tokens/s, and the reward-vs-wall-time curves
-(`convergence.png`). From the steps-to-target of the synchronous `colocate` (staleness 0) and
-of a one-step-off system (staleness 1) it derives the measured staleness penalty: the fraction
-of a step's progress a one-step-stale batch loses, `1 - steps(colocate) / steps(stale-1)`, the
-figure the simulator's reward model assumes (sim/reward.py; `--sim-penalty` prints what the
-simulator's default implies instead).
+(`convergence.png`). The price of staleness itself is measured with forced lags (below); a
+comparison of whole systems mixes it with their step times.
+
+With `--lags` it measures the price of staleness instead (bench/staleness.py): the same task and
+trainer with every batch trained a forced number of versions late, per off-policy objective, and
+fits the simulator's per-trajectory lag model; its last line is then `lag_efficiency_gamma: G`.
 
 Last line: `time_to_target colocate/libra: R` (mean over seeds; > 1: libra reaches the target sooner).
 """
@@ -29,8 +31,6 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-
-from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout")
@@ -107,7 +107,16 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=None, help="trainer learning rate (default: 2e-2 tiny, 1e-5 smollm2)")
     p.add_argument("--profile", default="", help="a bench.profile JSON for the planner (default: measure one, ~12 s)")
     p.add_argument("--no-profile", action="store_true", help="plan on the built-in CPU table instead of measured costs")
+    p.add_argument("--lags", default="", help="forced trained lags, e.g. 0,1,2,4: measure the price of staleness instead")
+    p.add_argument("--objectives", default="decoupled,bypass,recompute", help="with --lags: the off-policy objectives")
     args = p.parse_args()
+    if args.lags:
+        from bench import staleness
+
+        args.lr = args.lr if args.lr is not None else DEFAULT_LR.get(args.model, 1e-5)
+        args.out = args.out if args.out != "runs/convergence" else "runs/staleness"
+        staleness.main(args)
+        return
     systems = [s for s in args.systems.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,12 +152,6 @@ def main() -> None:
         got = [x for x in xs if x is not None]
         return statistics.mean(got) if len(got) == len(xs) and got else None
 
-    sync = mean(steps_of.get("colocate", []))
-    for stale in ("static", "verl-async", "libra"):
-        one = mean(steps_of.get(stale, []))
-        if sync and one:
-            print(f"measured staleness penalty ({stale} vs colocate): {1 - sync / one:.2f} of a step per step of staleness "
-                  f"(the simulator's default: {SimConfig.staleness_penalty:.2f})")
     print(f"wrote {out / 'convergence.png'} and {out / 'convergence.json'}")
     lib, col = mean(secs_of.get("libra", [])), mean(secs_of.get("colocate", []))
     print(f"time_to_target colocate/libra: {col / lib if lib and col else float('nan'):.2f}")

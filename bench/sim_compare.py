@@ -16,8 +16,11 @@ trainer counts libra's planner moved through.
   the fair comparison; the defaults (TP1 everywhere) are kept only to show what tuning is worth.
   `l/best*` is libra over the fastest of all tuned baselines; `libra-partial/...` is libra with
   partial-rollout's finish-order batches (the tail no longer holds a step's batch).
-No convergence ratio is reported: a simulated reward is a model (`sim/reward.py`); measured
-time-to-reward comes from real training, `python -m bench.convergence`.
+Time to the reward target is printed beside throughput for libra and every peer (its default,
+its fastest configuration and its configuration first to the target): `tt/X*` = X's best time to
+the target over libra's (> 1: libra gets there first). The reward is a model (`sim/reward.py`):
+a trajectory trained k versions late is worth gamma^k of a fresh one, gamma measured by real
+training with forced lags (`python -m bench.convergence --lags 0,1,2,4`).
 Last line: `libra_vs_best_baseline: R` with `--tune`, else `libra_vs_colocate: R` (of the last run).
 """
 
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
 from scheduler import systems as sysmod
-from sim.baselines import TUNED, tune
+from sim.baselines import TUNED, time_to_target, tune
 from sim.run import compare, format_table, play_system, static_splits
 
 BASELINES = ("colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq")
@@ -60,9 +63,19 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
     if best_static is not None:
         out["libra/best_static"] = lib / best_static[1]
         out["best_static_train_share"] = best_static[0]
-    # no time-to-reward ratio here: a simulated reward is a model (sim/reward.py), and a headline
-    # of convergence must come from real training (`python -m bench.convergence`)
+    lib_t = time_to_target(s["libra"])
+    for name, t in (tuned or {}).items():
+        out[f"tt/{name}*"] = _ratio(time_to_target(t.to_target or t.best), lib_t)
+    if tuned:
+        out["tt/best*"] = _ratio(min(time_to_target(t.to_target or t.best) for t in tuned.values()), lib_t)
     return out
+
+
+def _ratio(peer_s: float, libra_s: float) -> float:
+    """peer's time to target over libra's: inf when only libra reaches it, nan when libra does not."""
+    if libra_s == float("inf"):
+        return float("nan")
+    return peer_s / libra_s
 
 
 def planner_moves(result: dict) -> str:
@@ -103,7 +116,8 @@ def print_summary(rows: list[tuple[str, str, dict, str]], num_seeds: int, paper_
             mean = sum(vals) / len(vals) if vals else float("nan")
             cells.append(f"{mean:>{w}.2f}" if len(vals) < 2 else f"{f'{mean:.2f} ({min(vals):.2f}-{max(vals):.2f})':>{w}}")
         print(f"{preset:<16} {bench:<7} {seen[0][1]:>8} " + " ".join(cells))
-    print("l/X = libra tok/s over X's; an ablation (l/libra-...) below 1.00 means libra loses to itself without "
+    print("l/X = libra tok/s over X's; tt/X* = X's (tuned) modelled time to the reward target over libra's (> 1: libra "
+          "first); an ablation (l/libra-...) below 1.00 means libra loses to itself without "
           "that mechanism" + (f"; mean (min-max) over {num_seeds} seeds, trainers of the first seed" if num_seeds > 1 else ""))
     if paper_line:
         print("paper (arXiv 2606.03077): up to 3.0x-4.2x throughput, 2.5x-2.7x faster reward convergence")
@@ -118,9 +132,12 @@ def print_tuned(cfg, result: dict, tuned: dict) -> dict[str, float]:
     at another staleness bound than the preset's, libra is run at that bound too (`l@s/best`): a
     throughput gain bought with staleness is not a scheduling win. Returns those ratios."""
     lib = result["systems"]["libra"]["tokens_per_s"]
+    lib_t = time_to_target(result["systems"]["libra"])
     matched: dict[tuple[str, int], float] = {}
     extra = {}
-    print(f"{'baseline':<16} {'default tok/s':>13} {'best tok/s':>11} {'l/default':>9} {'l/best':>7} {'l@s/best':>9}  best configuration")
+    print(f"libra: {lib:.0f} tok/s, time to the reward target {_secs(lib_t)} (modelled reward, sim/reward.py)")
+    print(f"{'baseline':<16} {'default tok/s':>13} {'best tok/s':>11} {'l/default':>9} {'l/best':>7} {'l@s/best':>9} "
+          f"{'ttt best-tok/s':>14} {'ttt first':>10} {'tt/X*':>6}  best configuration (first to target)")
     for name, t in tuned.items():
         eta = _staleness_of(t.best_label)
         same = ""
@@ -131,9 +148,16 @@ def print_tuned(cfg, result: dict, tuned: dict) -> dict[str, float]:
                     matched[mine, eta] = play_system(cfg.replace(max_staleness=eta), mine)[0]["tokens_per_s"]
                 extra[f"{mine}@s/{name}*"] = matched[mine, eta] / t.best["tokens_per_s"]
             same = f"{extra[f'libra@s/{name}*']:.2f}"
+        first = t.to_target or t.best
         print(f"{name:<16} {t.default['tokens_per_s']:>13.0f} {t.best['tokens_per_s']:>11.0f} "
-              f"{lib / t.default['tokens_per_s']:>9.2f} {lib / t.best['tokens_per_s']:>7.2f} {same:>9}  {t.best_label}")
+              f"{lib / t.default['tokens_per_s']:>9.2f} {lib / t.best['tokens_per_s']:>7.2f} {same:>9} "
+              f"{_secs(time_to_target(t.best)):>14} {_secs(time_to_target(first)):>10} "
+              f"{_ratio(time_to_target(first), lib_t):>6.2f}  {t.best_label} ({t.to_target_label})")
     return extra
+
+
+def _secs(t: float) -> str:
+    return "never" if t == float("inf") else f"{t:.0f} s"
 
 
 def main() -> None:

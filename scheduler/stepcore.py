@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runlog import MetricsRow, idle_fractions
+from runlog import LAG_KEY, MetricsRow, idle_fractions
 from scheduler.api import OutcomeState, PlanDecision, StepStats
 from scheduler.layout import RoleMap, keep_instance_ids
 from scheduler.ledger import Ledger
@@ -416,6 +416,9 @@ class StepCore:
             if f.reward_reason:
                 extra[f"score/{f.reward_reason}"] = extra.get(f"score/{f.reward_reason}", 0) + 1
         extra.update({f"dropped/{reason}": n for reason, n in sorted(st.dropped.items())})
+        # each trajectory's own lag (its oldest token): the simulator's reward model prices every one
+        for lag in (self.version - 1 - v for v in versions):
+            extra[f"{LAG_KEY}{lag}"] = extra.get(f"{LAG_KEY}{lag}", 0) + 1
         return MetricsRow(step=st.index + 1, time_s=now, step_s=step_s, rollout_s=rollout_s, train_s=train_s,
                           sync_s=sync_s, reconfig_s=self._reconfig_s, tokens=sum(f.num_tokens for f in fins),
                           trajectories=len(fins), reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,

@@ -17,7 +17,9 @@ Algorithm: 1. run the system's default configuration; its step stats are the wor
 (`Workload.from_stats`). 2. enumerate the candidates above; price each with the planner's
 analytic model (`LayoutSearch.predict`; for the bucketed systems `LayoutSearch.best` proposes the
 bucket TP layout per split). 3. simulate the `top_k` best priced and the best priced of each staleness bound (plus the
-default, already run) and keep the fastest. No libra mechanism is used at run time: the found layout is held fixed for
+default, already run) and keep the fastest; the simulated configuration that reaches the modelled
+reward target first is kept too (`to_target`: a lower staleness bound can win there while losing
+on throughput). No libra mechanism is used at run time: the found layout is held fixed for
 the whole run, as its users would set it.
 
 Invariants (tests/test_sim_baselines.py): the tuned configuration is at least as fast as the
@@ -57,6 +59,14 @@ class Tuned:
     best: dict  # summary of the fastest configuration found
     best_label: str
     tried: list[tuple[str, float | None, float | None]]  # (label, predicted step s, simulated tokens/s or None)
+    to_target: dict | None = None  # summary of the simulated configuration first to the reward target
+    to_target_label: str = "default"
+
+
+def time_to_target(summary: dict) -> float:
+    """The run's modelled time to its reward target (inf: never reached)."""
+    hit = summary.get("time_to_target_s")
+    return float("inf") if hit is None else float(hit)
 
 
 def _tps(cost) -> list[int]:
@@ -127,8 +137,9 @@ def tune(cfg: SimConfig, system: str, *, top_k: int = 3) -> Tuned:
     wl = Workload.from_stats(stats) if any(s.trajectory_tokens for s in stats) else None
     tried: list[tuple[str, float | None, float | None]] = [("default", None, default["tokens_per_s"])]
     best, best_label = default, "default"
+    first, first_label = default, "default"
     if wl is None:
-        return Tuned(system, default, best, best_label, tried)
+        return Tuned(system, default, best, best_label, tried, first, first_label)
     priced = sorted(((predict(system, c, cfg, cost, buckets, wl), c) for c in candidates(system, cfg, cost, buckets, wl)),
                     key=lambda x: x[0])
     # the analytic model prices the staleness bound's overlap but not its side effects (more in
@@ -147,4 +158,6 @@ def tune(cfg: SimConfig, system: str, *, top_k: int = 3) -> Tuned:
         tried.append((cand.label, pred, summary["tokens_per_s"]))
         if summary["tokens_per_s"] > best["tokens_per_s"]:
             best, best_label = summary, cand.label
-    return Tuned(system, default, best, best_label, tried)
+        if time_to_target(summary) < time_to_target(first):
+            first, first_label = summary, cand.label
+    return Tuned(system, default, best, best_label, tried, first, first_label)

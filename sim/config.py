@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from scheduler.costmodel import HARDWARE, MODELS
+from sim.reward import MEASURED_LAG_GAMMA
 
 KNOWN_HARDWARE = tuple(HARDWARE)
 KNOWN_MODELS = tuple(MODELS)
@@ -35,9 +36,8 @@ class SimConfig:
     workload_overrides: tuple[tuple[str, float | str], ...] = ()  # (field, value) applied to the profile
     trace_dir: str | None = None  # replay trajectories.jsonl from this run dir instead of sampling
     profile: str | None = None  # a measured HardwareProfile (python -m bench.profile) instead of hardware/model
-    # reward model: fraction of a step lost per step of staleness; 0.3 is measured (bench.convergence: one-step-off
-    # systems need 12.0-12.3 steps to the tiny model's target where synchronous colocate needs 8.3, 3 seeds)
-    staleness_penalty: float = 0.3
+    # reward model: a trajectory trained k versions late is worth lag_gamma^k of a fresh one (sim/reward.py, measured)
+    lag_gamma: float = MEASURED_LAG_GAMMA
     reward_target: float | None = None  # reward to reach for time-to-target; None = the model's 90% point
 
     def __post_init__(self) -> None:
@@ -56,10 +56,9 @@ class SimConfig:
             )
         if self.max_staleness < 0:
             raise ValueError(f"SimConfig.max_staleness={self.max_staleness} must be >= 0; 0 means on-policy")
-        if not 0.0 <= self.staleness_penalty < 1.0:
-            raise ValueError(
-                f"SimConfig.staleness_penalty={self.staleness_penalty} must lie in [0, 1); it is a fraction of a step"
-            )
+        if not 0.0 < self.lag_gamma <= 1.0:
+            raise ValueError(f"SimConfig.lag_gamma={self.lag_gamma} must lie in (0, 1]; it is the worth of a trajectory "
+                             "one version late (1: staleness is free)")
         if self.reward_target is not None and not 0.0 < self.reward_target < 1.0:
             raise ValueError(f"SimConfig.reward_target={self.reward_target} must lie in (0, 1) or be None")
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runlog import add_ratios, format_table, plot_compare, summarize
+from runlog import add_ratios, format_table, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
 from scheduler.layout import BucketsConfig, RoleMap
@@ -208,9 +208,9 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     layouts, parts, sim, source = best
     if stats_out is not None:
         stats_out.extend(sim.stats)
-    tracker = RewardTracker(curve, cfg.staleness_penalty)
+    tracker = RewardTracker(curve, cfg.lag_gamma)
     # the simulator trains nothing: its reward is the documented model of training progress
-    metrics = [{**row, "reward_mean": tracker.step(row["staleness_max"])} for row in sim.rows]
+    metrics = [{**row, "reward_mean": tracker.step(trajectory_lags(row))} for row in sim.rows]
     summary = summarize(metrics, bench=cfg.bench, system=system, mode="sim", wall_s=metrics[-1]["time_s"],
                         dropped=sim.core.ledger.counts()["dropped"], peak_rss_mb=_peak_rss_mb(),
                         reward_target=target, sim_wall_s=time.perf_counter() - t0, note=REWARD_NOTE)

@@ -20,7 +20,8 @@ from sim.reward import RewardCurve, RewardTracker, curve_for, default_target
     ("dataset_prompts", 0, "SimConfig.dataset_prompts=0 must be >= 1"),
     ("num_devices", 1, "SimConfig.num_devices=1 must be >= 2 so that rollout and training each get a device"),
     ("max_staleness", -1, "SimConfig.max_staleness=-1 must be >= 0; 0 means on-policy"),
-    ("staleness_penalty", 1.0, "SimConfig.staleness_penalty=1.0 must lie in [0, 1)"),
+    ("lag_gamma", 0.0, "SimConfig.lag_gamma=0.0 must lie in (0, 1]"),
+    ("lag_gamma", 1.5, "SimConfig.lag_gamma=1.5 must lie in (0, 1]"),
     ("reward_target", 1.5, "SimConfig.reward_target=1.5 must lie in (0, 1) or be None"),
 ])
 def test_config_errors_name_field_value_and_fix(field, value, message):
@@ -49,9 +50,9 @@ def test_reward_rises_and_staleness_slows_it():
     curve = RewardCurve(r0=0.1, r_max=0.5, tau_steps=10.0)
     assert curve.at(0) == 0.1
     assert curve.at(10) == pytest.approx(0.1 + 0.4 * (1 - 0.36787944117144233))
-    fresh, stale = RewardTracker(curve, 0.1), RewardTracker(curve, 0.1)
-    a = [fresh.step(0) for _ in range(20)]
-    b = [stale.step(1) for _ in range(20)]
+    fresh, stale = RewardTracker(curve, 0.9), RewardTracker(curve, 0.9)
+    a = [fresh.step([0, 0]) for _ in range(20)]
+    b = [stale.step([1, 1]) for _ in range(20)]
     assert a == sorted(a) and all(x > y for x, y in zip(a, b))
     assert stale.progress == pytest.approx(18.0)
 
@@ -59,6 +60,6 @@ def test_reward_rises_and_staleness_slows_it():
 def test_default_target_is_reached_at_sixty_percent_of_an_on_policy_run():
     curve = curve_for("swe", 10)
     target = default_target(curve, 10)
-    tracker = RewardTracker(curve, 0.1)
-    rewards = [tracker.step(0) for _ in range(10)]
+    tracker = RewardTracker(curve, 0.9)
+    rewards = [tracker.step([0]) for _ in range(10)]
     assert next(i for i, r in enumerate(rewards) if r >= target) == 5
