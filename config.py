@@ -36,7 +36,8 @@ from scheduler.planner import PlannerConfig
 from scheduler.routers import RouterConfig, cpu_router_config
 from scheduler.systems import SYSTEMS
 # Fields set from another section so the two can never disagree; they get no flag of their own.
-DERIVED = {"trainer.max_staleness": "step.max_staleness", "trainer.temperature": "rollout.temperature"}
+DERIVED = {"trainer.max_staleness": "step.max_staleness", "trainer.temperature": "rollout.temperature",
+           "trainer.max_tokens": "rollout.max_total_tokens"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +321,8 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
 
 
 def _derive(cfg: LibraConfig) -> LibraConfig:
-    """The trainer drops what the coordinator would call stale, and scores log-probs at the rollout's temperature.
+    """The trainer drops what the coordinator would call stale, scores log-probs at the rollout's temperature, and
+    never trains a trajectory longer than the rollout's token budget.
 
     `--demo-turns -1` becomes 1 for SmolLM2 on generated bench tasks (they come with an oracle to
     demonstrate), 0 otherwise (`--data`, `--env`); here rather than in the presets so a resumed run resolves it too.
@@ -335,7 +337,7 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
     spec = SYSTEMS.get(cfg.run.system)
     max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
-        cfg.trainer, max_staleness=max_staleness, temperature=temperature))
+        cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens))
 
 
 def load_config(path: Path) -> LibraConfig:

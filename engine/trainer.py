@@ -35,7 +35,7 @@ Memory: `activation_checkpointing` (on by default on accelerators) keeps each de
 input only and recomputes the layer in backward.
 
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
-change otherwise; a NaN in one micro-batch of one rank leaves every rank's weights unchanged;
+change otherwise; a trajectory over `max_tokens` is cut to it before training and counted; a NaN in one micro-batch of one rank leaves every rank's weights unchanged;
 stale tokens are weighted exactly by pi_prox / pi_behave (decoupled) or clipped against their
 recorded log-probs (bypass); loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
 reference; the plan covers every trajectory exactly once; staleness beyond `max_staleness`
@@ -105,6 +105,7 @@ class Trainer:
         self.rank = dist.get_rank(group) if group is not None else 0
         self.policy_version = policy_version
         self.nonfinite_in_row = 0  # steps skipped in a row for a NaN/inf loss or gradient
+        self._truncated = 0  # trajectories of the current step cut to max_tokens
         model = model.to(self.device, dtype=self.precision.master_dtype)
         ref = copy.deepcopy(model) if cfg.kl_coef > 0 else None
         self.activation_checkpointing = cfg.activation_checkpointing == "on" or (
@@ -165,6 +166,13 @@ class Trainer:
         """One GRPO update on the full batch (same list on every rank); returns summed metrics."""
         start_s = time.perf_counter()
         self._check_batch(trajectories, policy_version)
+        # the rollout cuts tool output to its budget; a trajectory over it anyway (another producer, a bug)
+        # must not be what runs the trainer out of memory: cut, not trained past the budget, counted
+        cap = self.cfg.max_tokens
+        self._truncated = sum(t.num_tokens > cap for t in trajectories) if cap else 0
+        if self._truncated:
+            log.warning("[libra trainer:%d] %d trajectory(ies) over max_tokens=%d cut before training", self.rank, self._truncated, cap)
+            trajectories = [t.truncated(cap) for t in trajectories]
         advantages = trajectory_advantages(trajectories, normalize_std=self.cfg.normalize_std, eps=self.cfg.adv_eps)
         # Position 0 is never a target, so count model tokens from position 1 on.
         seq_tokens = [sum(t.loss_mask[1:]) for t in trajectories]
@@ -301,6 +309,7 @@ class Trainer:
             "train/lr": self.cfg.lr,
             "train/step_s": time.perf_counter() - start_s,
             "train/nonfinite_skipped": float(num_micro > 0 and not stepped),
+            "train/truncated_trajectories": float(self._truncated),
         })
         stale = sums.get("stale_tokens", 0.0)
         if stale:

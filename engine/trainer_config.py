@@ -43,6 +43,7 @@ class TrainerConfig:
     behaviour_weight_cap: float = 5.0  # decoupled: a stale token whose pi_prox / pi_behave exceeds this is masked (inf: none)
     clip_ratio_c: float = 3.0  # dual-clip: a token with A < 0 costs at most -A * this (inf: off)
     max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss or gradient
+    max_tokens: int = 0  # a longer trajectory is cut to this many tokens before training, counted in the row (0: no cut)
     max_staleness: int | None = 1  # refuse tokens generated more than this many versions ago (None: bounded at admission)
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are taken at it
 
@@ -79,6 +80,8 @@ class TrainerConfig:
             raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1; use 3.0, or inf to turn dual-clip off")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps={self.max_nonfinite_steps} must be >= 1; use 3")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens={self.max_tokens} must be >= 0; pass the rollout's max_total_tokens, or 0 for no cut")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0; use 0 for on-policy or 1 for one-step async")
         if not self.temperature > 0:

@@ -13,6 +13,8 @@ versions that produced model tokens.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import asdict, dataclass, field
 
 
@@ -43,6 +45,15 @@ class Trajectory:
         )
         assert not any(self.loss_mask[: self.prompt_len]), f"{self.request_id}: loss mask set on the prompt"
         return self
+
+    def truncated(self, max_tokens: int) -> Trajectory:
+        """A copy cut to its first `max_tokens` tokens (turns clipped), or self when it fits."""
+        if self.num_tokens <= max_tokens:
+            return self
+        n = max_tokens
+        return dataclasses.replace(self, token_ids=self.token_ids[:n], loss_mask=self.loss_mask[:n], logprobs=self.logprobs[:n],
+                                   versions=self.versions[:n], turns=[(a, min(b, n)) for a, b in self.turns if a < n],
+                                   prompt_len=min(self.prompt_len, n)).check()
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,7 @@ def tiny_trainer(**kw):
     ({"behaviour_weight_cap": 1.0}, r"behaviour_weight_cap=1.0 must be > 1; use 5.0, or inf to keep every token"),
     ({"clip_ratio_c": 0.5}, r"clip_ratio_c=0.5 must be > 1; use 3.0, or inf to turn dual-clip off"),
     ({"max_nonfinite_steps": 0}, r"max_nonfinite_steps=0 must be >= 1; use 3"),
+    ({"max_tokens": -1}, r"max_tokens=-1 must be >= 0; pass the rollout's max_total_tokens, or 0 for no cut"),
     ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0; use 0 for on-policy or 1 for one-step async"),
     ({"temperature": 0.0}, r"temperature=0.0 must be > 0; pass the rollout's sampling temperature"),
     ({"logprob_chunk_tokens": -1}, r"logprob_chunk_tokens=-1 must be >= 0; use ~512, or 0 for whole logits"),
@@ -385,3 +386,17 @@ def test_one_step_by_hand():
     assert metrics["train/adv_abs_mean"] == pytest.approx(1 / math.sqrt(2), abs=1e-5)
     # Adam's first step moves each weight by lr * sign(grad): the rewarded token 1 goes up.
     assert model.table.tolist() == pytest.approx([-0.1, 0.1], abs=1e-6)
+
+
+def test_a_trajectory_over_max_tokens_is_cut_before_training_and_counted():
+    trajs = make_trajs(seed=4)
+    long = max(trajs, key=lambda t: t.num_tokens)
+    cap = long.num_tokens - 3
+    over = sum(t.num_tokens > cap for t in trajs)
+    cut = tiny_trainer(max_tokens=cap).train_step(trajs, 0)
+    assert cut["train/truncated_trajectories"] == over >= 1
+    assert cut["train/tokens"] == sum(min(t.num_tokens, cap) for t in trajs)
+    assert long.num_tokens == cap + 3  # the caller's trajectory is not changed
+    # the same step on trajectories cut by hand: identical update
+    ref = tiny_trainer().train_step([t.truncated(cap) for t in trajs], 0)
+    assert ref["train/truncated_trajectories"] == 0.0 and ref["train/loss"] == pytest.approx(cut["train/loss"], abs=1e-7)
