@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.presets import PRESETS, SCENARIOS, heavy_tail, length_drift, pareto_tail, training_heavy, zero_tail
+from runlog import trajectory_lags
 from scheduler.systems import SYSTEMS
 from sim.config import SimConfig
 from sim.run import compare, format_table, play_system, simulate
@@ -41,6 +42,9 @@ def test_compare_writes_design_outputs_for_every_system(small_compare):
         assert all(METRIC_FIELDS <= set(r) for r in rows)
         if not SYSTEMS.get(name, SYSTEMS["libra"]).batch_by_finish:  # the continuous peers bound it at admission
             assert all(r["staleness_max"] <= SMALL.max_staleness for r in rows)
+        for r in rows:  # every trained trajectory's own lag, which the reward model prices
+            lags = trajectory_lags(r)
+            assert len(lags) == r["trajectories"] and max(lags, default=0) == r["staleness_max"]
 
 
 def test_tokens_and_trajectories_are_conserved_across_systems(small_compare):
