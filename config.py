@@ -157,6 +157,19 @@ class LibraConfig:
 
 # ---- presets -------------------------------------------------------------------------------
 def preset_for(run: RunConfig, device_kind: str) -> LibraConfig:
+    """Defaults that suit the device and the system; a flag overrides any of them.
+
+    The trainer trains stale tokens as the system's own users do (`SystemSpec.off_policy`: verl's
+    bypass for verl-async, AReaL's decoupled objective for the others).
+    """
+    cfg = _device_preset(run, device_kind)
+    spec = SYSTEMS.get(run.system)
+    if spec is None:
+        return cfg
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, off_policy=spec.off_policy))
+
+
+def _device_preset(run: RunConfig, device_kind: str) -> LibraConfig:
     """Defaults that suit the device: a short CPU run that ends in minutes, paper-like on GPUs.
 
     On CPU, training SmolLM2-135M runs at ~30-60 tokens/s (compute-bound on 2 cores, and FSDP
@@ -318,6 +331,16 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
         except ValueError as exc:
             raise ValueError(f"{_flag(key)} {value!r}: {exc}") from None
     return _derive(cfg)
+
+
+def for_system(cfg: LibraConfig, system: str) -> LibraConfig:
+    """`cfg` run as `system` (a --compare member): its derived fields resolved again, and its trainer's
+    stale-token objective its own users' unless this run's flags chose another."""
+    trainer = cfg.trainer
+    old, new = SYSTEMS.get(cfg.run.system), SYSTEMS[system]
+    if old is None or trainer.off_policy == old.off_policy:
+        trainer = dataclasses.replace(trainer, off_policy=new.off_policy)
+    return _derive(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, system=system, compare=False), trainer=trainer))
 
 
 def _derive(cfg: LibraConfig) -> LibraConfig:

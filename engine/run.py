@@ -260,13 +260,14 @@ def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
     Shares the table, ratios and plot with the simulator's compare (`runlog.py`), so a real and a
     simulated comparison read the same way.
     """
+    from config import for_system
     from runlog import add_ratios, format_table, plot_compare
     from scheduler.systems import SYSTEMS
 
     names = list(cfg.run.compare_systems) or [n for n, spec in SYSTEMS.items() if not spec.sim_only]
     results = {}
     for name in names:
-        sub = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, system=name, compare=False))
+        sub = for_system(cfg, name)
         _, role_map = plan_placement(sub)
         rc = run(sub, info, role_map, out_dir / name)
         if rc != 0:

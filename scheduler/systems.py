@@ -48,6 +48,7 @@ class SystemSpec:
     colocated: bool  # every rank generates, then trains (verl style)
     batch_by_finish: bool = False  # a batch is the first complete groups to finish, from any admitted step
     interrupt_on_update: bool = False  # a weight update interrupts in-flight generation: KV recomputed on the new weights
+    off_policy: str = "decoupled"  # the trainer's objective for stale tokens that its users run (TrainerConfig.off_policy)
     sim_only: bool = False  # needs knowledge only the simulator has
     description: str = ""  # one line for tables and --help
 
@@ -70,7 +71,8 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
           "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
     _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
     _spec("verl-async", "least_load", False, False, False,
-          "verl's one-step-off async: static's parts (fixed split, one TP, least-load), compared at its best TP and split"),
+          "verl's one-step-off async: static's parts (fixed split, one TP, least-load), compared at its best TP and split; "
+          "stale tokens clipped against their rollout log-probs (verl's bypass mode)", off_policy="bypass"),
     _spec("fully-async", "least_load", False, False, False,
           "AReaL-style: continuous rollout, batches of the first groups to finish, bounded staleness, partial rollout "
           "interrupted at each weight update (its KV recomputed on the new weights)", batch_by_finish=True,

@@ -82,3 +82,18 @@ def test_run_config_is_keyword_only_and_frozen():
         RunConfig("swe")
     with pytest.raises(dataclasses.FrozenInstanceError):
         RunConfig().steps = 3
+
+
+def test_each_system_trains_stale_tokens_as_its_users_do_unless_a_flag_says_otherwise():
+    from config import for_system
+
+    assert parse_args(["--sim", "--system", "verl-async"]).trainer.off_policy == "bypass"
+    assert parse_args(["--sim", "--system", "fully-async"]).trainer.off_policy == "decoupled"
+    assert parse_args(["--sim", "--system", "verl-async", "--trainer.off-policy", "recompute"]).trainer.off_policy == "recompute"
+    base = parse_args(["--sim"])
+    verl = for_system(base, "verl-async")
+    assert verl.run.system == "verl-async" and verl.trainer.off_policy == "bypass" and not verl.run.compare
+    fully = for_system(base, "fully-async")
+    assert fully.trainer.max_staleness is None  # finish-order: bounded at admission, derived again
+    chosen = for_system(parse_args(["--sim", "--trainer.off-policy", "recompute"]), "verl-async")
+    assert chosen.trainer.off_policy == "recompute"
