@@ -1,21 +1,28 @@
 """Run untrusted model-written code and test commands in an isolated, limited subprocess.
 
 Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
-1. Take a slot of the concurrency semaphore (`max_concurrent`); create the call's cgroups
-   (memory incl. tmpfs, pids, CPU; envs/sandbox_cgroup.py) where we may.
-2. Namespace mode (isolation "auto"/"namespaces"): start the chain of envs/sandbox_procs.py in
-   fresh user (when not root), PID, network, IPC and mount namespaces. Its init shell joins the
-   cgroups, mounts a fresh read-only root that holds only the system dirs, the interpreter, a
-   private /tmp and /run and the work dir (envs/sandbox_fs.py), reports success on a private
-   pipe, and execs the command chrooted there as a non-root uid without capabilities, under
-   `prlimit` and the guard (envs/sandbox_guard.py: every inherited fd but the passed ones
-   closed, a seccomp filter that refuses unix and every other non-IP socket). The network
-   namespace has no interfaces, so every connect fails; the PID namespace is the cleanup boundary.
-   rlimits mode (only when asked for: `isolation="rlimits"`, with a warning naming what it
-   lacks): the same cgroups, rlimits and guard, as uid 65534 when we are root, no_new_privs,
-   cleanup by cgroup kill (or marker, session and orphan sweeps).
+1. Take a slot of the concurrency semaphore (`max_concurrent`) and a chain started ahead of the
+   call (else start one now). Chains are started by the launcher thread of envs/sandbox_guard.py,
+   which holds no_new_privs and a seccomp filter that refuses unix and every other non-IP socket:
+   every process of a chain inherits both, with no fd but 0-2 and the passed ones. A chain's init
+   shell has already joined a cgroup set (memory incl. tmpfs, pids, CPU; envs/sandbox_cgroup.py)
+   that a `Pool` made once and reuses, and waits for "go". While the call runs, the next call's
+   chain starts. (Joining a cgroup cost 5-15 ms per call here, the guard's interpreter ~12 ms:
+   `python -m bench.sandbox` measured `true` at ~45 ms before, ~7 ms after.)
+2. Hand it the call: a per-call fstab and a job (argv, env, stdin) in the runtime dir, then "go".
+   Namespace mode (isolation "auto"/"namespaces"): the chain (envs/sandbox_procs.py) runs in
+   fresh user (when not root), PID, network, IPC and mount namespaces; its init shell mounts a
+   fresh read-only root that holds only the system dirs, the interpreter, a private /tmp and /run
+   and the work dir (envs/sandbox_fs.py), writes its verdict into a file the command cannot reach,
+   and execs the command chrooted there as a non-root uid without capabilities, under `prlimit`.
+   The network namespace has no interfaces, so every connect fails; the PID namespace is the
+   cleanup boundary. A chain started before a work dir's tmpfs was mounted does not see it
+   (`_sees`) and is replaced.
+   rlimits mode (only when asked for: `isolation="rlimits"`, and only as root, with a warning
+   naming what it lacks): the same cgroups, rlimits and guard, as uid 65534, cleanup by cgroup kill
+   (or marker, session and orphan sweeps).
 3. Wait up to the wall timeout; then kill every process of the call (status "timeout" if it had
-   to be killed before it exited), read the cgroup's stats into `info`, remove the cgroups.
+   to be killed before it exited), read the cgroup's stats into `info`, give the cgroups back.
 4. Read at most `max_output_bytes` of stdout/stderr from unlinked temp files, release the slot.
 Work dirs (`make_workdir`) are size- and inode-capped tmpfs mounts when we are root. Otherwise
 the wait polls the work dir's usage every `_QUOTA_POLL_S` and kills the call once it is over a cap,
@@ -42,7 +49,8 @@ Invariants (tests/test_sandbox*.py, tests/test_adversarial.py, tests/test_startu
 fork bombs, memory blow-ups (also across processes and through tmpfs), infinite loops, 1 GB writes,
 network connects, reads/writes outside the work dir, unmounts and setsid daemons are contained;
 every call returns within timeout + 1 s; no process, open file, cgroup or temp dir outlives its
-call / work dir; a work dir is within its caps after every call (a call that went over is a failure
+call / work dir but the one chain a sandbox keeps started ahead (and the free cgroups of the pool);
+a call in a work dir made after its chain started runs in that work dir; a work dir is within its caps after every call (a call that went over is a failure
 that says so, and what it wrote is gone); a venv reached through a symlink runs; an interpreter the sandbox uid cannot read
 is a one-line error naming the path.
 """
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +68,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,12 +86,12 @@ __all__ = ["Sandbox", "SandboxConfig", "SandboxResult"]
 logger = logging.getLogger(__name__)
 
 _NOBODY_UID = 65534
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTA_POLL_S = 0.1  # how often a work dir that is not a capped tmpfs is measured during a call
 _ENVS_DIR = Path(__file__).resolve().parent
 _DATA_DIRS = tuple(str(_ENVS_DIR / d) for d in ("swe_projects", "swe_tasks", "swe_hidden"))  # what a policy must not read
 
 
-_GUARD_SOURCE = Path(sandbox_guard.__file__).read_text()
 _probe_lock = threading.Lock()
 _probe_cache: dict[tuple, str | None] = {}
 _warned: set[str] = set()
@@ -97,6 +107,9 @@ def start_up_check() -> Iterator[None]:
         yield
     finally:
         _start_up.check = False
+
+
+_READY_CHAINS = 1  # chains started ahead of their calls, per sandbox and mode
 
 
 class Sandbox:
@@ -126,10 +139,12 @@ class Sandbox:
         self._hidden = [h for h in hidden if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
         sup = cg.support() if cfg.use_cgroup else None
         self._cgroups = sup if sup is not None and (sup.parents or sup.tracker is not None) else None
+        self._pool = cg.pool(self._cgroups, self._limits_for_cgroup()) if self._cgroups is not None else None
         self._workdir_tmpfs = self._probe_workdir_tmpfs()
-        self._guard_python = os.path.abspath(sys.executable)  # what the namespace probe runs; rlimits mode may need another
+        self._ready: list[sp.Chain] = []
+        self._ready_lock = threading.Lock()
+        weakref.finalize(self, sp.discard_all, self._ready, self._ready_lock, self._pool)
         self._use_ns = self._choose_isolation()
-        self._guard_python = self._pick_guard_python()
 
     def _probe_workdir_tmpfs(self) -> bool:
         if not self._as_root:
@@ -149,6 +164,11 @@ class Sandbox:
     def _choose_isolation(self) -> bool:
         self._use_ns, self._lacks, self._subreaper = self.cfg.isolation != "rlimits", "", False
         if self.cfg.isolation == "rlimits":
+            if not self._as_root:
+                raise RuntimeError(
+                    f"sandbox: isolation 'rlimits' needs root here: we run as uid {os.getuid()} with no other uid to give the "
+                    "calls, so a call could signal this process and read its memory and environment through /proc; run as "
+                    "root (calls then run as uid 65534), or use --env.isolation auto where user namespaces work")
             # orphans must come back to us to be killed and reaped (some containers' PID 1 never reaps)
             self._subreaper = not self._check_only and sp.become_subreaper()
             self._lacks = self._rlimits_lacks()
@@ -170,17 +190,6 @@ class Sandbox:
             _warned.add(self._lacks)
             logger.warning("sandbox (namespaces) lacks: %s", self._lacks)
         return True
-
-    def _pick_guard_python(self) -> str:
-        """An interpreter the sandbox uid can run for the guard: ours, or (rlimits mode as root, ours
-        under /root) a system python3; RuntimeError when there is none."""
-        if self._use_ns or not self._as_root or sfs.world_executable(sys.executable):
-            return os.path.abspath(sys.executable)
-        for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
-            if os.path.exists(candidate) and sfs.world_executable(candidate):
-                return candidate
-        raise RuntimeError(f"sandbox (rlimits, uid {self._uid}): uid {self._uid} cannot run {sys.executable} and there is "
-                           "no system python3; install python3 under /usr or use --env.isolation auto")
 
     def _limit_lacks(self) -> list[str]:
         """What limits this machine cannot give, in either mode."""
@@ -291,9 +300,6 @@ class Sandbox:
                 return
         with self.workdir("probe") as w:
             r = self.run([sys.executable, *args], cwd=w, timeout_s=30.0)
-        if r.returncode == sandbox_guard.GUARD_FAILED:
-            raise RuntimeError(f"sandbox: {access.one_line(r.stderr)[-300:]}; the kernel must allow seccomp filters "
-                               "(CONFIG_SECCOMP_FILTER, and no container profile that forbids them)")
         if r.returncode != 0:
             raise RuntimeError(access.why_cannot_run(self._user(), r, what, use_ns=self._use_ns))
         with _probe_lock:
@@ -315,30 +321,107 @@ class Sandbox:
         return sp.limits_argv(cpu_s=c.cpu_s, memory_bytes=c.memory_mb << 20, max_procs=c.max_procs,
                               max_file_bytes=c.max_file_mb << 20, max_open_files=c.max_open_files)
 
-    def _command(self, argv: list[str], cwd: Path, ok_fd: int, group: cg.CallGroup | None, use_ns: bool,
-                 read_only: bool = False, keep_fds: tuple[int, ...] = ()) -> tuple[list[str], Path | None]:
-        """The wrapped command and the per-call fstab it reads (None in rlimits mode)."""
-        procs = group.procs_files if group is not None else []
-        guard = [self._guard_python, "-S", "-c", _GUARD_SOURCE, ",".join(map(str, keep_fds)), "--"]
-        command = [*self._limits(), *guard, *argv]
-        if not use_ns:
-            return sp.rlimits_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd,
-                                   cgroup_procs=procs, command=command), None
-        cwd_real = os.path.realpath(cwd)
-        fstab = self._newroot.parent / f"fstab-{uuid.uuid4().hex}"
-        hidden = [h for h in self._hidden if not sfs.under(cwd_real, h)]
-        fstab.write_text(sfs.fstab(newroot=self._newroot, devskel=self._devskel, cwd=cwd_real, exposed=self._exposed,
-                                   hidden=hidden, tmpfs_mb=self.cfg.tmpfs_mb, cwd_read_only=read_only,
-                                   aliases=self._aliases))
-        return sp.ns_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, ok_fd=ok_fd, cgroup_procs=procs,
-                          fstab=fstab, newroot=self._newroot, cwd=cwd_real, command=command), fstab
+    def _base_env(self, marker: str) -> dict:
+        """The env a chain starts with (the job exports HOME and the call's own on top)."""
+        return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", sp.MARKER_ENV: marker}
 
-    def _env(self, cwd: Path, env: dict | None, marker: str) -> dict:
-        base = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": str(cwd), "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", sp.MARKER_ENV: marker,
-        }
-        return {**base, **(env or {})}
+    def _spawn(self, use_ns: bool, pass_fds: tuple[int, ...] = ()) -> sp.Chain:
+        """Start a chain up to its init shell waiting for a job (on the launcher thread: it inherits the guard)."""
+        assert sandbox_guard.on_launcher()
+        marker = uuid.uuid4().hex
+        try:
+            group = self._pool.acquire() if self._pool is not None else None
+        except OSError as e:
+            raise ToolInfraError(f"sandbox: could not create the call's cgroup: {e}") from e
+        rt = self._newroot.parent  # root's (or ours), not writable by the sandbox uid, outside every new root
+        files = {k: rt / f"{k}-{marker}" for k in ("ok", "fstab", "job", "in")}
+        procs = group.procs_files if group is not None else []
+        argv = (sp.ns_argv(as_root=self._as_root, files=files, cgroup_procs=procs) if use_ns
+                else sp.rlimits_argv(files=files, cgroup_procs=procs))
+        go_r, go_w = os.pipe()
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        chain = sp.Chain(proc=None, go_fd=go_w, out=out, err=err, files=files, group=group, marker=marker, use_ns=use_ns)
+        try:
+            chain.proc = sp.start(lambda: subprocess.Popen(
+                argv, cwd=rt, stdin=go_r, stdout=out, stderr=err, env=self._base_env(marker), start_new_session=True,
+                close_fds=True, pass_fds=pass_fds))
+        except OSError as e:
+            sp.discard(chain, self._pool)
+            raise ToolInfraError(f"sandbox could not start its chain ({argv[0]!r}): {e}") from e
+        finally:
+            os.close(go_r)
+        return chain
+
+    def _refill(self, use_ns: bool) -> None:
+        """Keep `_READY_CHAINS` chains started ahead of their calls (runs on the launcher thread)."""
+        with self._ready_lock:
+            if sum(c.use_ns == use_ns for c in self._ready) >= _READY_CHAINS:
+                return
+        try:
+            chain = self._spawn(use_ns)
+        except ToolInfraError as e:  # the next call starts its own chain and reports it
+            logger.warning("sandbox: could not start a chain ahead of its call (%s)", e)
+            return
+        with self._ready_lock:
+            self._ready.append(chain)
+
+    def _take(self, use_ns: bool, pass_fds: tuple[int, ...], cwd: Path) -> sp.Chain:
+        """A chain started ahead (its cgroups joined), else one started now; a dead one is discarded."""
+        if not pass_fds:  # a ready chain holds no passed fd
+            with self._ready_lock:
+                chain = next((c for c in self._ready if c.use_ns == use_ns), None)
+                if chain is not None:
+                    self._ready.remove(chain)
+            if chain is not None and chain.proc.poll() is None and self._sees(chain, cwd):
+                return chain
+            if chain is not None:
+                sp.discard(chain, self._pool)
+        return sandbox_guard.launch(lambda: self._spawn(use_ns, pass_fds))
+
+    def _sees(self, chain: sp.Chain, cwd: Path) -> bool:
+        """Whether a chain started ahead sees `cwd` as we do: its mount namespace is a private copy of ours made
+        when it started, so a work dir's tmpfs mounted since then is missing there (it would bind the bare dir)."""
+        if not (chain.use_ns and self._workdir_tmpfs):
+            return True
+        kids = sp.children(chain.proc.pid)  # the init shell: forked once the outer unshare has made the namespace
+        if not kids:
+            return False
+        try:
+            return os.stat(f"/proc/{kids[0]}/root{os.path.realpath(cwd)}").st_dev == os.stat(cwd).st_dev
+        except OSError:
+            return False
+
+    def _go(self, chain: sp.Chain, argv: list[str], cwd: Path, stdin: str | None, env: dict | None, read_only: bool) -> bool:
+        """Hand the chain its call: fstab, job and stdin written, then "go"; False if the chain is gone."""
+        c = self.cfg
+        command = [*self._limits(), *argv]
+        call_env = {"HOME": str(cwd), **(env or {})}
+        stdin_file = chain.files["in"] if stdin else None
+        if stdin_file is not None:
+            sp.write_private(stdin_file, stdin.encode("utf-8", "replace"))
+        if chain.use_ns:
+            cwd_real = os.path.realpath(cwd)
+            hidden = [h for h in self._hidden if not sfs.under(cwd_real, h)]
+            sp.write_private(chain.files["fstab"], sfs.fstab(
+                newroot=self._newroot, devskel=self._devskel, cwd=cwd_real, exposed=self._exposed, hidden=hidden,
+                tmpfs_mb=c.tmpfs_mb, cwd_read_only=read_only, aliases=self._aliases).encode())
+            job = sp.job_text(sp.ns_job_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, newroot=self._newroot,
+                                             cwd=cwd_real, command=command), call_env, stdin_file)
+        else:
+            job = sp.job_text(sp.rlimits_job_argv(uid=self._uid, gid=self._gid, command=command), call_env, stdin_file,
+                              cwd=str(cwd))
+        sp.write_private(chain.files["job"], job)
+        if chain.group is not None:
+            chain.group.begin()
+        try:
+            os.write(chain.go_fd, b"go\n")
+            return True
+        except BrokenPipeError:
+            return False
+        finally:
+            os.close(chain.go_fd)
+            chain.go_fd = -1
 
     def run(self, argv: list[str], *, cwd: Path, timeout_s: float | None = None, stdin: str | None = None, env: dict | None = None,
             pass_fds: tuple[int, ...] = (), read_only: bool = False) -> SandboxResult:
@@ -352,6 +435,9 @@ class Sandbox:
         if any("\0" in str(a) for a in [*argv, *(env or {}).keys(), *(env or {}).values()]):
             raise ValueError(f"Sandbox.run: a NUL byte in argv or env ({[a for a in argv if chr(0) in str(a)][:2]!r}); no command "
                              "line can carry one: refuse it where it came from (a tool argument of the model)")
+        bad = [k for k in (env or {}) if not _ENV_NAME.fullmatch(str(k))]
+        if bad:
+            raise ValueError(f"Sandbox.run: env names {bad[:3]!r} are not shell names ([A-Za-z_][A-Za-z0-9_]*); rename them")
         if not Path(cwd).is_dir():
             raise ToolInfraError(f"sandbox work dir {cwd} does not exist (removed early?)")
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
@@ -365,53 +451,36 @@ class Sandbox:
 
     def _run_locked(self, argv: list[str], cwd: Path, timeout: float, stdin: str | None, env: dict | None, *, use_ns: bool,
                     pass_fds: tuple[int, ...] = (), read_only: bool = False) -> SandboxResult:
-        marker = uuid.uuid4().hex
+        chain = self._take(use_ns, pass_fds, cwd)
+        t0 = time.monotonic()
+        since_ns = sfs.coarse_now_ns()
+        if not self._go(chain, argv, cwd, stdin, env, read_only):
+            sp.discard(chain, self._pool)  # died while it waited (killed from outside): one fresh try
+            chain = sandbox_guard.launch(lambda: self._spawn(use_ns, pass_fds))
+            t0 = time.monotonic()
+            if not self._go(chain, argv, cwd, stdin, env, read_only):
+                sp.discard(chain, self._pool)
+                raise ToolInfraError(f"sandbox: a chain exited before its call ({chain.err.read(300)!r})")
+        # the next call's chain starts (and joins its cgroups) while this one runs
+        refill = sandbox_guard.launch_later(lambda: self._refill(use_ns)) if not pass_fds else None
+        proc, group, stats = chain.proc, chain.group, {}
+        polled = not self._workdir_tmpfs and not read_only
         try:
-            group = cg.CallGroup(self._cgroups, self._limits_for_cgroup()) if self._cgroups is not None else None
-        except OSError as e:
-            raise ToolInfraError(f"sandbox: could not create the call's cgroup: {e}") from e
-        ok_r, ok_w = os.pipe()
-        stats: dict = {}
-        try:
-            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
-                if stdin is not None:
-                    inp.write(stdin.encode("utf-8", "replace"))
-                    inp.seek(0)
-                t0 = time.monotonic()
-                since_ns = sfs.coarse_now_ns()
-                command, fstab = self._command(argv, cwd, ok_w, group, use_ns, read_only, keep_fds=pass_fds)
-                proc = None
-                try:
-                    proc = sp.start(lambda: subprocess.Popen(
-                        command, cwd=cwd, stdin=inp, stdout=out, stderr=err, env=self._env(cwd, env, marker),
-                        start_new_session=True, close_fds=True, pass_fds=(ok_w, *pass_fds)))
-                except OSError as e:
-                    raise ToolInfraError(f"sandbox could not start {argv[0]!r}: {e}") from e
-                finally:
-                    os.close(ok_w)
-                    ok_w = -1
-                    if proc is None and fstab is not None:  # nothing started: nothing else would remove it
-                        fstab.unlink(missing_ok=True)
-                polled = not self._workdir_tmpfs and not read_only
-                try:
-                    timed_out, over_cap = self._wait(proc, cwd, timeout, polled)
-                finally:
-                    self._kill_all(proc, marker, group, use_ns)
-                    sp.unregister(proc.pid)
-                    if fstab is not None:
-                        fstab.unlink()
-                latency_s = time.monotonic() - t0
-                stdout, cut_out = sp.read_capped(out, self.cfg.max_output_bytes)
-                stderr, cut_err = sp.read_capped(err, self.cfg.max_output_bytes)
-            set_up = sp.read_setup(ok_r)
+            try:
+                timed_out, over_cap = self._wait(proc, cwd, timeout, polled)
+            finally:
+                self._kill_all(proc, chain.marker, group, chain.use_ns)
+                sp.unregister(proc.pid)
+            latency_s = time.monotonic() - t0
+            stdout, cut_out = sp.read_capped(chain.out, self.cfg.max_output_bytes)
+            stderr, cut_err = sp.read_capped(chain.err, self.cfg.max_output_bytes)
+            set_up = sp.read_verdict(chain.files["ok"])
             if group is not None:
                 stats = group.stats()
         finally:
-            os.close(ok_r)
-            if ok_w >= 0:
-                os.close(ok_w)
-            if group is not None:
-                group.remove()
+            sp.discard(chain, self._pool)
+            if refill is not None:
+                refill.result()  # a call leaves exactly the ready chains it found: no residue grows or shrinks
         if not set_up:
             what = f"did not finish within {timeout:g} s" if timed_out else f"failed (exit {proc.returncode})"
             raise ToolInfraError(f"sandbox set-up {what}: {stderr.strip()[:300]}")

@@ -6,15 +6,15 @@ New root, built by one `mount -a` over a per-call fstab inside the call's own mo
      `expose_paths`) are bound read-only, nosuid, nodev at their own paths, and an interpreter dir
      the host reaches through a symlink also at that path (`interpreter_aliases`);
   3. /dev is a read-only skeleton (empty files, /proc/self/fd links) with null, zero, full,
-     random, urandom and tty bound onto it; /proc is the call's own (its PID namespace);
+     random, urandom and tty bound onto it; /proc is a fresh proc of the call's own PID namespace;
   4. one size-limited tmpfs serves /tmp, /var/tmp and /dev/shm; /run is a private tmpfs;
   5. the work dir is bound read-write at its own path (read-only for grading runs).
 Nothing else of the host exists there: no /home or /root, no checkout, no other episode's work
 dir, and the swe data dirs are covered by an empty tmpfs when a bound dir contains them. Unix
 sockets that remain visible in the bound dirs cannot be used: the guard's seccomp filter refuses
 every unix socket (envs/sandbox_guard.py). The command is then chrooted into it by `unshare --root`, as a
-non-root uid of a fresh user namespace (envs/sandbox_procs.py): no capabilities, so no mount,
-umount, chroot or new namespace.
+non-root uid without capabilities (envs/sandbox_procs.py: as root chroot then setuid, else a nested
+user namespace that maps only that uid): no mount, umount, chroot or new namespace.
 
 Work dirs: as root each is a tmpfs with a size and an inode cap (`mount(2)` at creation, lazily
 detached at removal; mounts of a dead process are swept at start). Otherwise a plain dir whose
@@ -162,7 +162,7 @@ def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden:
             rows.append(f"{_q(d)} {_q(nr + d)} none {ro} 0 0")
     rows.append(f"{_q(str(devskel))} {_q(nr)}/dev none bind,ro,nosuid,X-mount.mkdir 0 0")
     rows += [f"/dev/{name} {_q(nr)}/dev/{name} none bind 0 0" for name in DEVICES if os.path.exists(f"/dev/{name}")]
-    rows.append(f"/proc {_q(nr)}/proc none rbind,X-mount.mkdir 0 0")
+    rows.append(f"proc {_q(nr)}/proc proc nosuid,nodev,noexec,X-mount.mkdir 0 0")  # the call's PID namespace: the init mounts it
     rows.append(f"none {_q(nr)}/tmp tmpfs size={tmpfs_mb}m,mode=1777,nosuid,nodev,X-mount.mkdir 0 0")
     rows.append(f"{_q(nr)}/tmp {_q(nr)}/var/tmp none bind,X-mount.mkdir 0 0")
     rows.append(f"{_q(nr)}/tmp {_q(nr)}/dev/shm none bind 0 0")

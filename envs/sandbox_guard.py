@@ -1,34 +1,39 @@
-"""The last step before a sandboxed command: no host descriptor left, no way to open a unix socket.
+"""The guard every sandboxed command runs under: no way to open a unix socket, no new privileges.
 
-Runs inside the sandbox as `python -S -c <this file's source> KEEP_FDS -- ARGV...` (the
-checkout is not visible there, so the source travels on the command line), then execs ARGV:
-  1. closes every inherited descriptor above 2 except KEEP_FDS (comma-separated), e.g. the
-     set-up pipe the init shell wrote its verdict to (dash cannot close an fd above 9, and an
-     open fd can be reopened read-write through /proc/self/fd/N);
-  2. sets no_new_privs and installs a seccomp filter (raw BPF, no library) that answers EACCES to
-     socket() of any family but AF_INET/AF_INET6 (which the empty network namespace makes
-     useless), to socketpair() of anything but an AF_UNIX pair whose `type & 0xF` is SOCK_STREAM or
-     SOCK_SEQPACKET (an allow-list: the kernel makes SOCK_RAW a datagram pair, and a datagram
-     socket can sendto() any path), and to
-     io_uring_setup() (io_uring can create sockets past the filter); a syscall of a foreign
-     ABI (32-bit, x32) is refused outright. So no unix socket is reachable wherever it lives,
-     whenever it was made: a boundary, not a scan of the filesystem.
-  3. execs ARGV; the filter and the closed fds hold for every descendant.
-It exits 121 with a one-line reason when the kernel refuses the filter; the sandbox's start-up
-probe turns that into a RuntimeError naming the cause.
+Installed once per process, not per call: a launcher thread (`launch`) sets no_new_privs and loads a
+seccomp filter (raw BPF built by `program`, no library) on itself, then starts every sandboxed
+command with `subprocess.Popen`. A filter and no_new_privs belong to the thread that set them and
+are inherited by every process it forks (fork and vfork copy the calling thread's), so the whole
+chain of envs/sandbox_procs.py and the command run under them, while the runtime's other threads do
+not. (Before issue 30 a second Python interpreter installed the filter in every call: ~12 ms of the
+~50 ms a sandboxed `true` cost.) The filter answers EACCES to socket() of any family but
+AF_INET/AF_INET6 (which the empty network namespace makes useless), to socketpair() of anything
+but an AF_UNIX pair whose `type & 0xF` is SOCK_STREAM or SOCK_SEQPACKET (an allow-list: the kernel
+makes SOCK_RAW a datagram pair, and a datagram socket can sendto() any path), and to
+io_uring_setup() (io_uring can create sockets past the filter); a syscall of a foreign ABI
+(32-bit, x32) is refused outright. So no unix socket is reachable wherever it lives, whenever it
+was made: a boundary, not a scan of the filesystem. No host descriptor reaches the command: Popen
+closes every fd but 0-2 and the ones a call passes on purpose, and the set-up verdict is a file,
+not a pipe (envs/sandbox_procs.py).
+When the kernel refuses the filter, `launch` raises a one-line RuntimeError naming the cause.
 
 Invariants (tests/test_sandbox.py, tests/adversarial_escapes.py): inside, socket(AF_UNIX) and
 socketpair() of type SOCK_DGRAM, SOCK_RAW, an unknown type or a family but AF_UNIX fail with EACCES
 (with or without SOCK_NONBLOCK/SOCK_CLOEXEC) while TCP sockets and stream and seqpacket socketpairs
-work; no unix datagram socket can be made; no fd above 2 but the kept ones is open.
+work; no unix datagram socket can be made; no fd above 2 but the passed ones is open; the
+runtime's own threads are not filtered.
 """
 
 import ctypes
 import os
 import struct
 import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
-GUARD_FAILED = 121  # exit status when the filter cannot be installed
+T = TypeVar("T")
 
 # seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (low word first on little-endian)
 _ARCH = {"x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425}),
@@ -75,25 +80,42 @@ def install(rows: list[tuple[int, int, int, int]]) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
-def close_fds(keep: set[int]) -> None:
-    lo = 3
-    for fd in sorted(k for k in keep if k >= 3):
-        os.closerange(lo, fd)
-        lo = fd + 1
-    os.closerange(lo, 1 << 16)
+_lock = threading.Lock()
+_launcher: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, its one thread)
+_failed: list[str] = []  # why the launcher thread could not install the guard
 
 
-def main(argv: list[str]) -> None:
-    keep = {int(x) for x in argv[0].split(",") if x}
-    command = argv[2:]  # argv[1] is "--"
-    close_fds(keep)
+def _install_here() -> None:
     try:
         install(program(os.uname().machine, sys.byteorder == "little"))
     except (OSError, KeyError, AttributeError) as e:
-        sys.stderr.write(f"libra-sandbox-guard: cannot install the socket filter on {os.uname().machine}: {e}\n")
-        os._exit(GUARD_FAILED)
-    os.execvp(command[0], command)
+        _failed.append(f"sandbox: cannot install the socket filter on {os.uname().machine} ({e}); the kernel must allow "
+                       "seccomp filters (CONFIG_SECCOMP_FILTER, and no container profile that forbids them)")
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def launch(start: Callable[[], T]) -> T:
+    """Run `start()` (a Popen) on the launcher thread, whose children inherit the guard; its result or exception."""
+    return launch_later(start).result()
+
+
+def launch_later(start: Callable[[], T]) -> Future:
+    """`launch` without waiting: the Future of `start()`."""
+    global _launcher
+    with _lock:
+        if _launcher is None or _launcher[0] != os.getpid():  # a forked child has no copy of the thread
+            _failed.clear()
+            _launcher = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="libra-sandbox-launcher",
+                                                         initializer=_install_here))
+        pool = _launcher[1]
+    return pool.submit(_checked, start)
+
+
+def on_launcher() -> bool:
+    """Whether the calling thread is the launcher (a `launch` from it would wait on itself)."""
+    return threading.current_thread().name.startswith("libra-sandbox-launcher")
+
+
+def _checked(start: Callable[[], T]) -> T:
+    if _failed:
+        raise RuntimeError(_failed[0])
+    return start()

@@ -2,21 +2,27 @@
 
 Argv chains (U = the sandbox uid: 65534 when we are root, else our own uid):
   namespaces, as root:
-    unshare --ipc --net --pid --fork --kill-child --mount --mount-proc  sh -c NS_INIT ...
-      setpriv --reuid=U --regid=U --clear-groups --no-new-privs
-        unshare --user --map-user=U --map-group=U --root=NEWROOT --wd=CWD  prlimit ... -- GUARD ARGV
-  namespaces, not root: the same with `--user --map-root-user` on the outer unshare and no setpriv.
-  rlimits:  sh -c RL_INIT ...  setpriv [--reuid=U --regid=U --clear-groups] --no-new-privs  prlimit ... -- GUARD ARGV
-(GUARD: `python -S -c <envs/sandbox_guard.py> KEEP_FDS --`.)
+    unshare --ipc --net --pid --fork --kill-child --mount  sh -c NS_INIT ...
+      unshare --root=NEWROOT --wd=CWD --setuid=U --setgid=U  prlimit ... -- ARGV
+  namespaces, not root: `--user --map-root-user` on the outer unshare, and the inner one is
+      unshare --user --map-user=U --map-group=U --root=NEWROOT --wd=CWD  (a nested user namespace
+      that maps only U: our uid is root in the outer one, with every capability over its mounts)
+  rlimits (as root only, envs/sandbox.py):  sh -c RL_INIT ...  setpriv --reuid=U --regid=U --clear-groups  prlimit ... -- ARGV
+Every chain is started by the launcher thread of envs/sandbox_guard.py, so it and the command run
+with no_new_privs and the socket filter, and Popen hands it no fd but 0-2 and the passed ones.
 The init shell joins the call's cgroups (writes "0" to each cgroup.procs), mounts the new root
-(namespaces), writes "ok" to a pipe, then execs the rest. The verdict is in the pipe before
-the command starts, and the guard (envs/sandbox_guard.py, the last step before ARGV) closes the
-pipe (dash cannot close an fd above 9, and an open fd can be reopened for reading through
-/proc/self/fd), so the command can neither forge a set-up failure nor drain the verdict (an exit
-code or a message could be forged, and a forged infra failure would drop the trajectory instead
-of scoring it). The inner user namespace maps only U, so the command has no capabilities:
-no mount or umount, and being chrooted it cannot create namespaces or chroot again; setuid
-files do nothing (nosuid mounts, no_new_privs).
+(namespaces: one `mount -a` over a per-call fstab, its /proc a fresh proc of the call's PID
+namespace), writes "ok" into the call's verdict file, then execs the rest. The verdict file lies
+in the runtime dir (`<root>.rt`, root's or ours, not writable by U) outside the new root: the
+command can neither forge a set-up failure nor erase a success (an exit code or a message could
+be forged, and a forged infra failure would drop the trajectory instead of scoring it). As root
+the inner unshare chroots, then drops to U (groups cleared): U holds no capability, so no mount
+or umount, and being chrooted it cannot create namespaces or chroot again; setuid files do
+nothing (nosuid mounts, no_new_privs).
+
+A `Chain` is one such chain started ahead of its call (envs/sandbox.py); `discard` releases all it holds
+(its processes: a waiting init shell exits at EOF on its stdin; its cgroups back to their pool; its
+files and fds), whether it ran a call or not.
 
 Cleanup: in namespace mode the kernel kills every process of the PID namespace when its init
 dies. In rlimits mode the call's cgroup is killed; without a cgroup we kill the session, every
@@ -34,28 +40,35 @@ from __future__ import annotations
 import ctypes
 import os
 import select
+import shlex
 import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+from envs import sandbox_cgroup as cg
 
 SETUP_OK = b"ok"
 MARKER_ENV = "LIBRA_SANDBOX_ID"
 _PR_SET_CHILD_SUBREAPER = 36
 REAP_TIMEOUT_S = 0.5  # the kernel tears a killed PID namespace down in milliseconds
 
-# $1 ok fd, $2 cgroup.procs files (":"-separated, may be empty), $3 fstab; the rest is the command.
-NS_INIT = (
-    'IFS=:; for f in $2; do echo 0 > "$f" || exit 1; done; unset IFS\n'
-    'mount --no-canonicalize -a -T "$3" || exit 1\n'
-    'echo ok > /proc/self/fd/$1 || exit 1; shift 3; exec "$@"'
+# $1 verdict file, $2 cgroup.procs files (":"-separated, may be empty), $3 fstab, $4 job.
+# Started ahead of its call: it joins the cgroups, then waits for "go" on its stdin (EOF: exit); the
+# job (`job_text`) then gives the command its stdin, exports the call's env and sets the rest of the
+# chain as "$@".
+_WAIT = (
+    'v=$1 f=$3 j=$4\n'
+    'IFS=:; for c in $2; do echo 0 > "$c" || exit 1; done; unset IFS\n'
+    'read -r go && [ "$go" = go ] || exit 1\n'
+    '. "$j" || exit 1\n'
 )
-# $1 ok fd, $2 cgroup.procs files; the rest is the command.
-RL_INIT = (
-    'IFS=:; for f in $2; do echo 0 > "$f" || exit 1; done; unset IFS\n'
-    'echo ok > /proc/self/fd/$1 || exit 1; shift 2; exec "$@"'
-)
+NS_INIT = _WAIT + 'mount --no-canonicalize -a -T "$f" || exit 1\necho ok > "$v" || exit 1; exec "$@"'
+RL_INIT = _WAIT + 'echo ok > "$v" || exit 1; exec "$@"'
+
 
 _live_lock = threading.Lock()
 _live: set[int] = set()  # pids of calls in flight (all sandboxes of this process)
@@ -66,20 +79,94 @@ def limits_argv(*, cpu_s: int, memory_bytes: int, max_procs: int, max_file_bytes
             f"--fsize={max_file_bytes}", f"--nofile={max_open_files}", "--core=0", "--"]
 
 
-def ns_argv(*, as_root: bool, uid: int, gid: int, ok_fd: int, cgroup_procs: list[str], fstab: Path,
-            newroot: Path, cwd: str, command: list[str]) -> list[str]:
+def ns_argv(*, as_root: bool, files: dict[str, Path], cgroup_procs: list[str]) -> list[str]:
+    """The chain's start, up to its init shell waiting for the job (`files`: ok, fstab, job, in)."""
     outer = ["unshare", *([] if as_root else ["--user", "--map-root-user"]),
-             "--ipc", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
-    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs"] if as_root else []
-    inner = ["unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", f"--root={newroot}", f"--wd={cwd}"]
-    return [*outer, "sh", "-c", NS_INIT, "libra-sandbox", str(ok_fd), ":".join(cgroup_procs), str(fstab),
-            *drop, *inner, *command]
+             "--ipc", "--net", "--pid", "--fork", "--kill-child", "--mount"]
+    return [*outer, "sh", "-c", NS_INIT, "libra-sandbox", str(files["ok"]), ":".join(cgroup_procs), str(files["fstab"]),
+            str(files["job"])]
 
 
-def rlimits_argv(*, as_root: bool, uid: int, gid: int, ok_fd: int, cgroup_procs: list[str], command: list[str]) -> list[str]:
-    drop = [f"--reuid={uid}", f"--regid={gid}", "--clear-groups"] if as_root else []
-    return ["sh", "-c", RL_INIT, "libra-sandbox", str(ok_fd), ":".join(cgroup_procs),
-            "setpriv", *drop, "--no-new-privs", *command]
+def ns_job_argv(*, as_root: bool, uid: int, gid: int, newroot: Path, cwd: str, command: list[str]) -> list[str]:
+    """What the namespace init shell execs once the new root is mounted."""
+    if as_root:  # chroot, then drop to U: one exec instead of setpriv plus a nested user namespace
+        inner = ["unshare", f"--root={newroot}", f"--wd={cwd}", f"--setuid={uid}", f"--setgid={gid}"]
+    else:
+        inner = ["unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", f"--root={newroot}", f"--wd={cwd}"]
+    return [*inner, *command]
+
+
+def rlimits_argv(*, files: dict[str, Path], cgroup_procs: list[str]) -> list[str]:
+    return ["sh", "-c", RL_INIT, "libra-sandbox", str(files["ok"]), ":".join(cgroup_procs), "", str(files["job"])]
+
+
+def rlimits_job_argv(*, uid: int, gid: int, command: list[str]) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", *command]
+
+
+def job_text(argv: list[str], env: dict[str, str], stdin: Path | None, cwd: str | None = None) -> bytes:
+    """The job an init shell sources: stdin from `stdin` (else /dev/null), the call's env exported, its cwd
+    (rlimits mode), "$@" set to `argv`."""
+    lines = [f"exec <{shlex.quote(str(stdin or '/dev/null'))} || exit 1"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    if cwd is not None:
+        lines.append(f"cd -- {shlex.quote(cwd)} || exit 1")
+    lines.append("set -- " + " ".join(shlex.quote(a) for a in argv))
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+@dataclass
+class Chain:
+    """A sandbox chain started ahead of its call: its init shell has joined the call's cgroups and waits for "go"."""
+
+    proc: subprocess.Popen | None
+    go_fd: int  # write end of the init shell's stdin: "go" starts the job, EOF makes it exit
+    out: IO[bytes]
+    err: IO[bytes]
+    files: dict[str, Path]  # ok (the verdict), fstab, job, in (the command's stdin)
+    group: cg.CallGroup | None
+    marker: str
+    use_ns: bool
+
+
+def write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def discard(chain: Chain, pool: cg.Pool | None) -> None:
+    """Release what a chain holds: its processes (a waiting init shell exits at EOF), cgroup, files and fds."""
+    if chain.go_fd >= 0:
+        os.close(chain.go_fd)
+        chain.go_fd = -1
+    if chain.proc is not None:
+        if chain.proc.poll() is None:
+            try:
+                chain.proc.wait(timeout=REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                kill_namespace(chain.proc)
+        kill_session(chain.proc)
+        unregister(chain.proc.pid)
+    if chain.group is not None:
+        chain.group.kill()
+        pool.release(chain.group)
+        chain.group = None
+    for path in chain.files.values():
+        path.unlink(missing_ok=True)
+    chain.out.close()
+    chain.err.close()
+
+
+def discard_all(ready: list[Chain], lock: threading.Lock, pool: cg.Pool | None) -> None:
+    with lock:
+        chains, ready[:] = list(ready), []
+    for chain in chains:
+        discard(chain, pool)
 
 
 def start(popen) -> subprocess.Popen:
@@ -95,13 +182,15 @@ def unregister(pid: int) -> None:
         _live.discard(pid)
 
 
-def read_setup(fd: int) -> bool:
-    """True if the init shell reported a finished set-up on the pipe (all writers are gone)."""
-    os.set_blocking(fd, False)
+def read_verdict(path: Path) -> bool:
+    """True if the init shell reported a finished set-up in `path`; the file is removed."""
     try:
-        return os.read(fd, 16).startswith(SETUP_OK)
-    except BlockingIOError:
+        with open(path, "rb") as f:
+            ok = f.read(16).startswith(SETUP_OK)
+    except FileNotFoundError:
         return False
+    path.unlink()
+    return ok
 
 
 def wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:

@@ -39,6 +39,8 @@ def _procs_with(needle: bytes) -> list[int]:
 
 @pytest.fixture(scope="module", params=["auto", "rlimits"])
 def sandbox(request):
+    if request.param == "rlimits" and os.geteuid() != 0:
+        pytest.skip("rlimits mode is refused when not root (test_rlimits_mode_is_refused_without_root)")
     return Sandbox(SandboxConfig(**{**CFG.__dict__, "isolation": request.param}))
 
 
@@ -109,6 +111,23 @@ def test_setsid_daemon_does_not_outlive_call(sandbox, work):
     assert r.stdout == "spawned\n", r
     time.sleep(0.1)
     assert _procs_with(b"1234.5") == []
+
+
+def test_a_reused_cgroup_reports_its_latest_call_and_never_keeps_tmpfs_pages(sandbox, work):
+    if "memory" not in sandbox.isolation or sandbox._pool is None:
+        pytest.skip(f"no memory cgroup here: {sandbox.isolation}")
+    big = _run(sandbox, "x = bytearray(96 << 20); x[::4096] = b'1' * len(x[::4096]); print('ok')", work)
+    small = _run(sandbox, "print('ok')", work)
+    assert big.stdout == small.stdout == "ok\n", (big, small)
+    # the pool reuses groups: the small call's peak is its own, not the big one's before it
+    assert big.info["memory_peak_bytes"] > 96 << 20 > small.info["memory_peak_bytes"] + (48 << 20), (big.info, small.info)
+    assert small.info["oom_kills"] == 0
+    # pages a call writes into a work dir that outlives it stay charged to its group: such a group is not reused
+    wrote = _run(sandbox, "for i in range(4): open(f'pages{i}', 'wb').write(b'1' * (6 << 20))\nprint('ok')", work)
+    assert wrote.stdout == "ok\n", wrote
+    pool = sandbox._pool
+    assert all(g.leftover_bytes() <= pool.limits.memory_bytes // 32 for g in pool._free), [g.leftover_bytes() for g in pool._free]
+    assert _run(sandbox, "print(sum(len(open(f'pages{i}', 'rb').read()) for i in range(4)) >> 20)", work).stdout == "24\n"
 
 
 def test_network_connect_fails(ns_sandbox, tmp_path):
@@ -238,6 +257,15 @@ def test_auto_never_falls_back_silently(monkeypatch):
     monkeypatch.setattr(Sandbox, "_probe_namespaces", lambda self: "unshare failed (rc=1): Operation not permitted")
     with pytest.raises(RuntimeError, match=r"Pass --env.isolation rlimits to run anyway, which lacks: no network namespace"):
         Sandbox(CFG)
+
+
+def test_rlimits_mode_is_refused_without_root(monkeypatch, tmp_path):
+    # issue 30: as another user every rlimits call ran as the runtime's own uid (read its /proc/<ppid>/environ, killed it)
+    if os.geteuid() == 0:
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)  # what a runtime without root sees
+    with pytest.raises(RuntimeError, match=r"^sandbox: isolation 'rlimits' needs root here: .*; run as root \(calls then run "
+                                           r"as uid 65534\), or use --env.isolation auto where user namespaces work$"):
+        Sandbox(SandboxConfig(isolation="rlimits", root_dir=str(tmp_path)))
 
 
 def test_rlimits_warns_what_it_lacks(caplog):
