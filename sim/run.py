@@ -46,7 +46,7 @@ from scheduler.systems import SYSTEMS
 from sim.cluster import ClusterSim
 from sim.config import SimConfig, default_sim
 from sim.oracle import OracleRouter
-from sim.reward import REWARD_NOTE, RewardTracker, curve_for, default_target
+from sim.reward import MEASURED_LAG_GAMMA, MEASURED_LAG_SOURCE, REWARD_NOTE, RewardTracker, curve_for, default_target
 from sim.trace import TraceWorkload, write_trajectories
 from sim.workload import PROFILES, SyntheticWorkload, get_profile
 
@@ -213,7 +213,8 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     metrics = [{**row, "reward_mean": tracker.step(trajectory_lags(row))} for row in sim.rows]
     summary = summarize(metrics, bench=cfg.bench, system=system, mode="sim", wall_s=metrics[-1]["time_s"],
                         dropped=sim.core.ledger.counts()["dropped"], peak_rss_mb=_peak_rss_mb(),
-                        reward_target=target, sim_wall_s=time.perf_counter() - t0, note=REWARD_NOTE)
+                        reward_target=target, sim_wall_s=time.perf_counter() - t0, note=REWARD_NOTE,
+                        lag_gamma=cfg.lag_gamma, lag_gamma_source=MEASURED_LAG_SOURCE if cfg.lag_gamma == MEASURED_LAG_GAMMA else "SimConfig")
     if system == ORACLE:
         summary["oracle_schedule_from"] = source
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
