@@ -35,11 +35,12 @@ Memory: `activation_checkpointing` (on by default on accelerators) keeps each de
 input only and recomputes the layer in backward.
 
 Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
-change otherwise; a trajectory over `max_tokens` is cut to it before training and counted; a NaN in one micro-batch of one rank leaves every rank's weights unchanged;
-stale tokens are weighted exactly by pi_prox / pi_behave (decoupled) or clipped against their
-recorded log-probs (bypass); loss and updated weights of a 2-rank FSDP2 subgroup match a single-process
-reference; the plan covers every trajectory exactly once; staleness beyond `max_staleness`
-(unless None: finish-order systems bound it at admission) or a policy_version mismatch is refused.
+change otherwise; a trajectory over `max_tokens` is cut to it before training and counted; a NaN
+in one micro-batch of one rank leaves every rank's weights unchanged; stale tokens are weighted
+exactly by pi_prox / pi_behave (decoupled) or clipped against their recorded log-probs (bypass);
+loss and updated weights of a 2-rank FSDP2 subgroup match a single-process reference; the plan
+covers every trajectory exactly once; staleness beyond `max_staleness` (unless None: finish-order
+systems bound it at admission) or a policy_version mismatch is refused.
 """
 
 from __future__ import annotations
