@@ -29,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.convergence import _cell
 from sim.reward import fit_lag_efficiency, predicted_steps
 
 NUM_PROMPTS = 4  # tasks per step
@@ -93,21 +94,6 @@ def to_target(run: dict, target: float) -> tuple[int | None, float | None]:
         if r >= target:
             return u, run["trained_s"][u - 1] if u else 0.0
     return None, None
-
-
-def _mean(xs: list) -> float | None:
-    got = [x for x in xs if x is not None]
-    return statistics.mean(got) if got else None
-
-
-def _cell(xs: list, fmt: str) -> str:
-    got = [x for x in xs if x is not None]
-    if not got:
-        return "-"
-    text = format(statistics.mean(got), fmt)
-    if len(xs) > 1:
-        text += f" ({format(min(got), fmt)}-{format(max(got), fmt)})" + ("" if len(got) == len(xs) else f" {len(got)}/{len(xs)}")
-    return text
 
 
 def plot(results: dict, target: float, path: Path, model: str) -> None:
