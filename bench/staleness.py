@@ -103,7 +103,7 @@ def plot(results: dict, target: float, path: Path, model: str) -> None:
     import matplotlib.pyplot as plt
 
     objectives = sorted({o for o, _ in results})
-    fig, axes = plt.subplots(1, len(objectives), figsize=(5 * len(objectives), 4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(objectives), figsize=(max(9, 5 * len(objectives)), 4), squeeze=False, sharey=True)
     for ax, objective in zip(axes[0], objectives):
         for (o, lag), runs in sorted(results.items(), key=lambda kv: kv[0][1]):
             if o != objective:
