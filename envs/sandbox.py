@@ -18,9 +18,12 @@ Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
    The network namespace has no interfaces, so every connect fails; the PID namespace is the
    cleanup boundary. A chain started before a work dir's tmpfs was mounted does not see it
    (`_sees`) and is replaced.
-   rlimits mode (only when asked for: `isolation="rlimits"`, and only as root, with a warning
-   naming what it lacks): the same cgroups, rlimits and guard, as uid 65534, cleanup by cgroup kill
-   (or marker, session and orphan sweeps).
+   rlimits mode (only when asked for: `isolation="rlimits"`, and only as root: as another user
+   every call would run as the runtime's own uid; with a warning naming what it lacks): the same
+   cgroups, rlimits and guard, as uid 65534; where the kernel allows it, in a PID and mount
+   namespace of its own (a /proc of its own; the work-dir root covered by an empty tmpfs, the
+   call's work dir bound back), so no call can signal another episode's process or reach its work
+   dir; cleanup by the namespace, cgroup kill (or marker, session and orphan sweeps).
 3. Wait up to the wall timeout; then kill every process of the call (status "timeout" if it had
    to be killed before it exited), read the cgroup's stats into `info`, give the cgroups back.
 4. Read at most `max_output_bytes` of stdout/stderr from unlinked temp files, release the slot.
@@ -50,7 +53,10 @@ fork bombs, memory blow-ups (also across processes and through tmpfs), infinite 
 network connects, reads/writes outside the work dir, unmounts and setsid daemons are contained;
 every call returns within timeout + 1 s; no process, open file, cgroup or temp dir outlives its
 call / work dir but the one chain a sandbox keeps started ahead (and the free cgroups of the pool);
-a call in a work dir made after its chain started runs in that work dir; a work dir is within its caps after every call (a call that went over is a failure
+a call in a work dir made after its chain started runs in that work dir; no call of an episode can
+signal another episode's process, write its work dir, or read or signal the runtime, in namespace mode
+and in rlimits mode with a PID namespace (rlimits mode without one says so), and rlimits mode without
+root is refused; a work dir is within its caps after every call (a call that went over is a failure
 that says so, and what it wrote is gone); a venv reached through a symlink runs; an interpreter the sandbox uid cannot read
 is a one-line error naming the path.
 """
@@ -93,10 +99,23 @@ _DATA_DIRS = tuple(str(_ENVS_DIR / d) for d in ("swe_projects", "swe_tasks", "sw
 
 
 _probe_lock = threading.Lock()
-_probe_cache: dict[tuple, str | None] = {}
+_probe_cache: dict[object, str | None] = {}  # per layout, and "rl_ns"
 _warned: set[str] = set()
 _interpreter_ok: set[tuple] = set()
 _start_up = threading.local()
+def _pid_namespaces_work() -> bool:
+    """Whether a PID and mount namespace with a /proc of its own can be made here (rlimits mode, as root)."""
+    with _probe_lock:
+        if "rl_ns" not in _probe_cache:
+            try:
+                r = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "true"],
+                                   capture_output=True, timeout=10)
+                _probe_cache["rl_ns"] = None if r.returncode == 0 else r.stderr.decode(errors="replace")[:200]
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _probe_cache["rl_ns"] = str(e)
+        return _probe_cache["rl_ns"] is None
+
+
 @contextmanager
 def start_up_check() -> Iterator[None]:
     """Sandboxes built inside are the launcher's start-up check of the run's env (engine/preflight.py):
@@ -143,7 +162,7 @@ class Sandbox:
         self._workdir_tmpfs = self._probe_workdir_tmpfs()
         self._ready: list[sp.Chain] = []
         self._ready_lock = threading.Lock()
-        weakref.finalize(self, sp.discard_all, self._ready, self._ready_lock, self._pool)
+        weakref.finalize(self, sp.abandon_all, self._ready)
         self._use_ns = self._choose_isolation()
 
     def _probe_workdir_tmpfs(self) -> bool:
@@ -162,7 +181,7 @@ class Sandbox:
             probe.rmdir()
 
     def _choose_isolation(self) -> bool:
-        self._use_ns, self._lacks, self._subreaper = self.cfg.isolation != "rlimits", "", False
+        self._use_ns, self._lacks, self._subreaper, self._rl_ns = self.cfg.isolation != "rlimits", "", False, False
         if self.cfg.isolation == "rlimits":
             if not self._as_root:
                 raise RuntimeError(
@@ -171,6 +190,7 @@ class Sandbox:
                     "root (calls then run as uid 65534), or use --env.isolation auto where user namespaces work")
             # orphans must come back to us to be killed and reaped (some containers' PID 1 never reaps)
             self._subreaper = not self._check_only and sp.become_subreaper()
+            self._rl_ns = _pid_namespaces_work()
             self._lacks = self._rlimits_lacks()
             if self._lacks not in _warned and not self._check_only:
                 _warned.add(self._lacks)
@@ -184,7 +204,8 @@ class Sandbox:
                 raise RuntimeError(why_not)
             raise RuntimeError(
                 f"sandbox: user/PID/network/mount namespaces do not work here ({why}); isolation={self.cfg.isolation!r} "
-                f"needs them. Pass --env.isolation rlimits to run anyway, which lacks: {self._rlimits_lacks()}")
+                f"needs them. " + (f"Pass --env.isolation rlimits to run anyway, which lacks: {self._rlimits_lacks()}"
+                                   if self._as_root else "--env.isolation rlimits (which lacks their isolation) needs root"))
         self._lacks = "; ".join(self._limit_lacks())
         if self._lacks and self._lacks not in _warned and not self._check_only:
             _warned.add(self._lacks)
@@ -204,10 +225,15 @@ class Sandbox:
         return out
 
     def _rlimits_lacks(self) -> str:
+        others = (f"work dirs of other episodes outside {self._root}, whose own are covered" if self._rl_ns else
+                  "work dirs of other episodes")
         lacks = ("no network namespace (loopback ports, e.g. the torch TCPStore, are reachable); "
-                 "no private filesystem (the command sees every file uid %d may read, e.g. other checkouts with the swe "
-                 "projects' unbroken sources, so swe rewards can be earned without a fix, and work dirs of other episodes); "
-                 "no read-only binds, no private /tmp or /run" % self._uid)
+                 f"no private filesystem (the command sees every file uid {self._uid} may read, e.g. other checkouts with "
+                 f"the swe projects' unbroken sources, so swe rewards can be earned without a fix, and {others}); "
+                 "no read-only binds, no private /tmp or /run")
+        if not self._rl_ns:
+            lacks += (f"; no PID namespace: every call runs as uid {self._uid}, so one episode's calls can signal other "
+                      "episodes' processes and write their work dirs (found through /proc/<pid>/cwd or /proc/self/mountinfo)")
         lacks += "".join(f"; {x}" for x in self._limit_lacks())
         if self._cgroups is None:
             lacks += "; cleanup by marker, session and orphan sweeps (needs this process to be the subreaper)"
@@ -335,10 +361,10 @@ class Sandbox:
         except OSError as e:
             raise ToolInfraError(f"sandbox: could not create the call's cgroup: {e}") from e
         rt = self._newroot.parent  # root's (or ours), not writable by the sandbox uid, outside every new root
-        files = {k: rt / f"{k}-{marker}" for k in ("ok", "fstab", "job", "in")}
+        files = {k: rt / f"{k}-{marker}" for k in ("ok", "fstab", "job", "in", "keep")}
         procs = group.procs_files if group is not None else []
         argv = (sp.ns_argv(as_root=self._as_root, files=files, cgroup_procs=procs) if use_ns
-                else sp.rlimits_argv(files=files, cgroup_procs=procs))
+                else sp.rlimits_argv(files=files, cgroup_procs=procs, pid_ns=self._rl_ns))
         go_r, go_w = os.pipe()
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         chain = sp.Chain(proc=None, go_fd=go_w, out=out, err=err, files=files, group=group, marker=marker, use_ns=use_ns)
@@ -382,7 +408,7 @@ class Sandbox:
     def _sees(self, chain: sp.Chain, cwd: Path) -> bool:
         """Whether a chain started ahead sees `cwd` as we do: its mount namespace is a private copy of ours made
         when it started, so a work dir's tmpfs mounted since then is missing there (it would bind the bare dir)."""
-        if not (chain.use_ns and self._workdir_tmpfs):
+        if not ((chain.use_ns or self._rl_ns) and self._workdir_tmpfs):
             return True
         kids = sp.children(chain.proc.pid)  # the init shell: forked once the outer unshare has made the namespace
         if not kids:
@@ -409,8 +435,12 @@ class Sandbox:
             job = sp.job_text(sp.ns_job_argv(as_root=self._as_root, uid=self._uid, gid=self._gid, newroot=self._newroot,
                                              cwd=cwd_real, command=command), call_env, stdin_file)
         else:
+            if self._rl_ns:
+                sp.write_private(chain.files["fstab"], sfs.rlimits_fstab(
+                    root=os.path.realpath(self._root), cwd=os.path.realpath(cwd), keep=chain.files["keep"],
+                    read_only=read_only).encode())
             job = sp.job_text(sp.rlimits_job_argv(uid=self._uid, gid=self._gid, command=command), call_env, stdin_file,
-                              cwd=str(cwd))
+                              cwd=os.path.realpath(cwd))
         sp.write_private(chain.files["job"], job)
         if chain.group is not None:
             chain.group.begin()
@@ -533,7 +563,7 @@ class Sandbox:
         # Killing the namespace init makes the kernel kill and reap every process in it before
         # unshare's wait returns (setsid daemons too); the cgroup kill catches what a rlimits
         # call left; without a cgroup the sweeps of envs/sandbox_procs.py do.
-        if proc.poll() is None and use_ns and not sp.kill_namespace(proc):
+        if proc.poll() is None and (use_ns or self._rl_ns) and not sp.kill_namespace(proc):
             logger.warning("sandbox: namespace of pid %d not reaped after %.1f s; killing its session", proc.pid, sp.REAP_TIMEOUT_S)
         if group is not None:
             group.kill()

@@ -351,6 +351,8 @@ class Pool:
     def acquire(self) -> CallGroup:
         """A group for one call (a free one, else a new one; the call starts its counters with `begin`);
         OSError if none can be made."""
+        if _abandoned:
+            _remove_abandoned()
         with self._lock:
             group = self._free.pop() if self._free else None
         return group if group is not None else CallGroup(self.sup, self.limits)
@@ -374,6 +376,22 @@ class Pool:
             group.remove()
 
 
+_abandoned: list[CallGroup] = []  # groups of collected sandboxes' chains, removed once their processes are gone
+
+
+def abandon(group: CallGroup) -> None:
+    """Remove `group` later (lock-free: called from a weakref finalizer)."""
+    _abandoned.append(group)
+
+
+def _remove_abandoned(wait: bool = False) -> None:
+    for group in list(_abandoned):
+        if wait or not group.pids():
+            _abandoned.remove(group)
+            group.kill()
+            group.remove()
+
+
 _pools: dict[Limits, Pool] = {}  # one per distinct limits, shared by every sandbox of this process
 
 
@@ -388,3 +406,4 @@ def pool(sup: Support, limits: Limits) -> Pool:
 def _remove_free_groups() -> None:
     for p in list(_pools.values()):
         p.close()
+    _remove_abandoned(wait=True)

@@ -24,6 +24,9 @@ on the kernel's coarse clock, the one file times come from) is removed, largest 
 its emptied dirs, deepest first. The walk and every removal go through dir fds opened with
 O_NOFOLLOW, so a link planted in the work dir never leads a removal outside it.
 
+rlimits mode (root, where the kernel gives it a mount namespace) has no new root; `rlimits_fstab` covers
+the work-dir root with an empty tmpfs in the call's namespace and binds the call's own work dir back.
+
 Invariants (tests/test_sandbox.py, tests/test_adversarial.py): inside, only the bound dirs and
 the work dir exist and only the work dir and the private tmpfs are writable; a work dir never
 exceeds its caps as root, and is back under them after every call otherwise (what the call wrote
@@ -173,6 +176,16 @@ def fstab(*, newroot: Path, devskel: Path, cwd: str, exposed: list[str], hidden:
     rows += [f"none {_q(nr + h)} tmpfs size=4k,mode=755,nosuid,nodev 0 0" for h in sorted(hidden, key=len)]
     rows += _alias_rows(newroot, list(aliases), hidden)
     return "\n".join(rows) + "\n"
+
+
+def rlimits_fstab(*, root: str, cwd: str, keep: Path, read_only: bool = False) -> str:
+    """rlimits mode with a mount namespace: the work-dir root covered by an empty tmpfs (no other episode's
+    work dir is reachable, whatever path it learns), the call's own work dir bound back at its path via `keep`."""
+    cover = f"none {_q(root)} tmpfs size=4k,mode=711,nosuid,nodev 0 0"
+    if not under(cwd, root):
+        return cover + "\n"
+    return "\n".join([f"{_q(cwd)} {_q(str(keep))} none bind,X-mount.mkdir 0 0", cover,
+                      f"{_q(str(keep))} {_q(cwd)} none bind,{'ro,' if read_only else ''}nosuid,nodev,X-mount.mkdir 0 0"]) + "\n"
 
 
 # ---- work dirs ---------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ Argv chains (U = the sandbox uid: 65534 when we are root, else our own uid):
   namespaces, not root: `--user --map-root-user` on the outer unshare, and the inner one is
       unshare --user --map-user=U --map-group=U --root=NEWROOT --wd=CWD  (a nested user namespace
       that maps only U: our uid is root in the outer one, with every capability over its mounts)
-  rlimits (as root only, envs/sandbox.py):  sh -c RL_INIT ...  setpriv --reuid=U --regid=U --clear-groups  prlimit ... -- ARGV
+  rlimits (as root only, envs/sandbox.py): [unshare --pid --fork --kill-child --mount --mount-proc] sh -c RL_INIT ...
+      setpriv --reuid=U --regid=U --clear-groups  prlimit ... -- ARGV
+    (the unshare where the kernel allows it: then the call has a PID namespace and a /proc of its own,
+    and its fstab covers the work-dir root with an empty tmpfs and binds back only the call's work dir)
 Every chain is started by the launcher thread of envs/sandbox_guard.py, so it and the command run
 with no_new_privs and the socket filter, and Popen hands it no fd but 0-2 and the passed ones.
 The init shell joins the call's cgroups (writes "0" to each cgroup.procs), mounts the new root
@@ -67,7 +70,8 @@ _WAIT = (
     '. "$j" || exit 1\n'
 )
 NS_INIT = _WAIT + 'mount --no-canonicalize -a -T "$f" || exit 1\necho ok > "$v" || exit 1; exec "$@"'
-RL_INIT = _WAIT + 'echo ok > "$v" || exit 1; exec "$@"'
+RL_INIT = _WAIT + ('if [ -n "$f" ]; then mount --no-canonicalize -a -T "$f" || exit 1; fi\n'
+                   'cd -- "$wd" || exit 1; echo ok > "$v" || exit 1; exec "$@"')
 
 
 _live_lock = threading.Lock()
@@ -96,8 +100,12 @@ def ns_job_argv(*, as_root: bool, uid: int, gid: int, newroot: Path, cwd: str, c
     return [*inner, *command]
 
 
-def rlimits_argv(*, files: dict[str, Path], cgroup_procs: list[str]) -> list[str]:
-    return ["sh", "-c", RL_INIT, "libra-sandbox", str(files["ok"]), ":".join(cgroup_procs), "", str(files["job"])]
+def rlimits_argv(*, files: dict[str, Path], cgroup_procs: list[str], pid_ns: bool) -> list[str]:
+    """rlimits mode (root): with `pid_ns`, in a PID and mount namespace of its own (a /proc of its own,
+    other episodes' work dirs covered by the fstab), where the kernel allows them."""
+    outer = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"] if pid_ns else []
+    return [*outer, "sh", "-c", RL_INIT, "libra-sandbox", str(files["ok"]), ":".join(cgroup_procs),
+            str(files["fstab"]) if pid_ns else "", str(files["job"])]
 
 
 def rlimits_job_argv(*, uid: int, gid: int, command: list[str]) -> list[str]:
@@ -106,11 +114,11 @@ def rlimits_job_argv(*, uid: int, gid: int, command: list[str]) -> list[str]:
 
 def job_text(argv: list[str], env: dict[str, str], stdin: Path | None, cwd: str | None = None) -> bytes:
     """The job an init shell sources: stdin from `stdin` (else /dev/null), the call's env exported, its cwd
-    (rlimits mode), "$@" set to `argv`."""
+    (rlimits mode: `wd`, entered once the mounts are made), "$@" set to `argv`."""
     lines = [f"exec <{shlex.quote(str(stdin or '/dev/null'))} || exit 1"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     if cwd is not None:
-        lines.append(f"cd -- {shlex.quote(cwd)} || exit 1")
+        lines.append(f"wd={shlex.quote(cwd)}")
     lines.append("set -- " + " ".join(shlex.quote(a) for a in argv))
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
@@ -156,17 +164,33 @@ def discard(chain: Chain, pool: cg.Pool | None) -> None:
         chain.group.kill()
         pool.release(chain.group)
         chain.group = None
-    for path in chain.files.values():
-        path.unlink(missing_ok=True)
+    for name, path in chain.files.items():
+        if name == "keep":  # the mount point of a rlimits call's work dir, empty outside its namespace
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+        else:
+            path.unlink(missing_ok=True)
     chain.out.close()
     chain.err.close()
 
 
-def discard_all(ready: list[Chain], lock: threading.Lock, pool: cg.Pool | None) -> None:
-    with lock:
-        chains, ready[:] = list(ready), []
-    for chain in chains:
-        discard(chain, pool)
+def abandon_all(ready: list[Chain]) -> None:
+    """A collected sandbox's chains (a weakref finalizer: it may run inside any thread's critical section, so it
+    takes no lock): each waiting init shell exits at EOF; its cgroups go to `cg.abandon`, removed once empty."""
+    for chain in ready:
+        if chain.go_fd >= 0:
+            os.close(chain.go_fd)
+            chain.go_fd = -1
+        for name, path in chain.files.items():
+            if name != "keep":
+                path.unlink(missing_ok=True)
+        if chain.group is not None:
+            cg.abandon(chain.group)
+            chain.group = None
+        if chain.proc is not None:
+            _live.discard(chain.proc.pid)  # a set op is atomic; subprocess reaps the Popen once collected
 
 
 def start(popen) -> subprocess.Popen:

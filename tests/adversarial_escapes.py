@@ -275,3 +275,65 @@ def symlink_swap_during_host_replace(ctx):
         ep.close()
         secret.unlink()
         secret_dir.rmdir()
+
+
+@attack("escape")
+def host_process_through_proc(ctx):
+    """Issue 30 (rlimits mode, not root): a call ran as the runtime's own uid, read a secret from the runtime's
+    /proc/<ppid>/environ and a hidden value from its memory, and the next call SIGKILLed it. The attacker is handed
+    the runtime's pid; reading its environ, memory or fds, or being allowed to signal it (signal 0), is unsafe."""
+    pid = os.getpid()
+    code = ("import os\ngot = []\n"
+            f"for p in sorted({{os.getppid(), {pid}}}):\n"
+            "    for what, path in (('environ', f'/proc/{p}/environ'), ('mem', f'/proc/{p}/mem')):\n"
+            "        try: open(path, 'rb').read(1); got.append(f'{what}:{p}')\n"
+            "        except OSError: pass\n"
+            "    try: os.listdir(f'/proc/{p}/fd'); got.append(f'fds:{p}')\n"
+            "    except OSError: pass\n"
+            "    try:\n"
+            "        if p > 1: os.kill(p, 0); got.append(f'signal:{p}')\n"
+            "    except OSError: pass\n"
+            "print('GOT', got)\n")
+    out = run_py(ctx, code)
+    return Outcome("GOT []" in out, out.strip()[:160])
+
+
+@attack("escape")
+def other_episode_process_and_workdir(ctx):
+    """Issue 30 (rlimits mode, any uid): every call ran as one uid with no PID namespace, so an episode killed its
+    siblings' reference runs and overwrote another episode's correct fix. While a victim episode's call runs, an
+    attacker episode looks for it through /proc (its cwd is the victim's work dir, whose path it is handed), tries
+    to signal it (signal 0: the permission alone) and writes into the victim's work dir."""
+    import threading
+
+    env = ctx.math_env()
+    victim, attacker = env.start(env.tasks()[0]), env.start(env.tasks()[1])
+    vdir = str(victim.workdir)
+    started = victim.workdir / "started"
+    runner = threading.Thread(target=victim.execute, args=(call("python", code=(
+        "import time\nopen('started', 'w').close()\ntime.sleep(6)\n")),))
+    try:
+        runner.start()
+        deadline = time.monotonic() + 8
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code = ("import os\nfound, signalled, wrote = [], [], []\n"
+                "for p in os.listdir('/proc'):\n"
+                "    try:\n"
+                f"        if p.isdigit() and int(p) != os.getpid() and os.readlink(f'/proc/{{p}}/cwd') == {vdir!r}: found.append(p)\n"
+                "    except OSError: pass\n"
+                "for p in found:\n"
+                "    try: os.kill(int(p), 0); signalled.append(p)\n"
+                "    except OSError: pass\n"
+                "try:\n"
+                f"    open({vdir!r} + '/pwned', 'w').write('x'); wrote.append('pwned')\n"
+                "except OSError as e: pass\n"
+                "print('FOUND', len(found), 'SIGNALLED', signalled, 'WROTE', wrote)\n")
+        out = attacker.execute(call("python", code=code)).text
+        pwned = (victim.workdir / "pwned").exists()
+        return Outcome(started.exists() and "SIGNALLED [] WROTE []" in out and not pwned,
+                       f"victim {'running' if started.exists() else 'never started'}; {out.strip()[:140]}")
+    finally:
+        runner.join()
+        attacker.close()
+        victim.close()
