@@ -454,11 +454,13 @@ class Sandbox:
             chain.go_fd = -1
 
     def run(self, argv: list[str], *, cwd: Path, timeout_s: float | None = None, stdin: str | None = None, env: dict | None = None,
-            pass_fds: tuple[int, ...] = (), read_only: bool = False) -> SandboxResult:
+            pass_fds: tuple[int, ...] = (), read_only: bool = False, deadline: float | None = None) -> SandboxResult:
         """Run `argv` in `cwd` under the limits; never raises for the command's own failures.
 
         `pass_fds` stay open in the command (e.g. a results file it cannot otherwise reach);
-        `read_only` binds `cwd` read-only (namespace mode; else rely on `make_workdir(owned=False)`).
+        `read_only` binds `cwd` read-only (namespace mode; else rely on `make_workdir(owned=False)`);
+        `deadline` (time.monotonic()) bounds the wait for a slot and the run together: a call still
+        waiting for a slot at the deadline is a "timeout" that never ran.
         """
         if not argv:
             raise ValueError("Sandbox.run: argv is empty; pass the command as a list, e.g. ['python', 'main.py'].")
@@ -471,9 +473,17 @@ class Sandbox:
         if not Path(cwd).is_dir():
             raise ToolInfraError(f"sandbox work dir {cwd} does not exist (removed early?)")
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
-        with self._slots:
+        wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._slots.acquire(timeout=wait_s):
+            return SandboxResult(returncode=-signal.SIGKILL, stdout="", stderr="[sandbox: no slot free before the deadline]\n",
+                                 status="timeout", latency_s=0.0, info={"isolation": self.isolation})
+        try:
+            if deadline is not None:
+                timeout = min(timeout, max(0.01, deadline - time.monotonic()))
             return self._run_locked(list(argv), Path(cwd), timeout, stdin, env, use_ns=self._use_ns, pass_fds=pass_fds,
                                     read_only=read_only)
+        finally:
+            self._slots.release()
 
     def _limits_for_cgroup(self) -> cg.Limits:
         c = self.cfg

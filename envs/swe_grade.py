@@ -19,13 +19,17 @@ Grading (`Grader.grade`), per submit or final repository:
      process that imported the package, so its records can lie only about values it would
      have to compute.
 Every outcome of the model's state is a reward with a reason (REASONS): passed, tests_failed,
-tampered (malformed or duplicated records, a canary that passed), timeout, crashed (the runner
+tampered (malformed or duplicated records, a canary that passed), timeout (one deadline,
+`GradeLimits.timeout_s` from the start of the grading, bounds its runs and their waits for a
+sandbox slot: a hang in `__del__`, a process that ignores signals, a FIFO or a fork bomb costs at
+most that, never an infra drop), crashed (the runner
 died before it finished), no_package, bad_package (links, FIFOs, too many/too deep/too big
 files). Only a fault of the host (the sandbox cannot start, the host's disk) is a ToolInfraError.
 Nothing of the checkout, the task index or other episodes is visible inside (envs/sandbox_fs.py).
 
 Invariants (tests/test_swe_probe.py, tests/test_envs_swe.py, tests/test_adversarial.py): the
-oracle gets 1.0; the mutant, a constant answer, forged records, an echo of the expected side,
+oracle gets 1.0; a package that hangs, or a grading that waits for a busy sandbox, is a 0 with reason
+"timeout" within timeout_s + 1 s; the mutant, a constant answer, forged records, an echo of the expected side,
 `sys.exit`/`os._exit` in the package, importing a pristine copy and editing the visible tests all
 get 0.0 with a reason; hidden tests differ from the visible ones.
 """
@@ -64,7 +68,7 @@ _HOST_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)  # the host'
 
 @dataclass(frozen=True, kw_only=True)
 class GradeLimits:
-    timeout_s: float = 30.0  # wall limit of the hidden-test run
+    timeout_s: float = 30.0  # wall limit of one grading: its hidden-test runs and their waits for a sandbox slot
     max_package_files: int = 200  # a package with more regular files gets reward 0
     max_package_bytes: int = 4 << 20  # ... or with more bytes in all
     max_package_depth: int = 16  # ... or nested deeper
@@ -327,13 +331,14 @@ class Grader:
             for n in names:
                 os.chmod(os.path.join(dirpath, n), 0o644)
 
-    def _run(self, d: Path, plan: list[list], timeout_s: float):
+    def _run(self, d: Path, plan: list[list], timeout_s: float, deadline: float | None = None):
         (d / "plan.json").write_text(json.dumps({"tests": plan}))
         os.chmod(d / "plan.json", 0o644)
         with tempfile.TemporaryFile() as results:
             fd = results.fileno()
             argv = [sys.executable, "-s", "-B", "libra_probe.py", "plan.json", str(fd)]
-            res = self.sandbox.run(argv, cwd=d, timeout_s=timeout_s, pass_fds=(fd,), read_only=True, env=RUNNER_ENV)
+            res = self.sandbox.run(argv, cwd=d, timeout_s=timeout_s, pass_fds=(fd,), read_only=True, env=RUNNER_ENV,
+                                   deadline=deadline)
             results.seek(0)
             return res, results.read(MAX_RESULTS_BYTES)
 
@@ -352,16 +357,17 @@ class Grader:
             is_dir = False
         if not is_dir:
             return Grade(reward=0.0, reason="no_package", detail=f"{package}/ is missing or not a directory")
-        suite = self.suite(ref)
+        suite = self.suite(ref)  # the reference run (once per suite) is the host's: not on the grading's clock
+        deadline = time.monotonic() + self.lim.timeout_s
         runs = []
         for rendering in [check.render(suite)] + ([check.render(suite, equality=True)] if suite.eq_tests else []):
-            run = self._graded_run(workdir, ref, rendering)
+            run = self._graded_run(workdir, ref, rendering, deadline)
             if isinstance(run, Grade):
                 return run
             runs.append(run)
         return suite, runs[0], runs[1] if len(runs) > 1 else None
 
-    def _graded_run(self, workdir: Path, ref: Reference, rendering: check.Rendering) -> Grade | Run:
+    def _graded_run(self, workdir: Path, ref: Reference, rendering: check.Rendering, deadline: float) -> Grade | Run:
         package = ref.package
         with self.sandbox.workdir("swe-grade", owned=False) as d:
             try:
@@ -380,7 +386,8 @@ class Grader:
                 if e.errno in _HOST_ERRNOS:
                     raise ToolInfraError(f"swe grading: the host could not write the grading dir: {e}") from e
                 return Grade(reward=0.0, reason="bad_package", detail=f"the package cannot be copied ({e.strerror or e})")
-            res, data = self._run(d, rendering.plan, self.lim.timeout_s)
+            res, data = self._run(d, rendering.plan, self.lim.timeout_s, deadline)
         if res.status == "timeout":
-            return Grade(reward=0.0, reason="timeout", detail=f"hidden tests ran past {self.lim.timeout_s:g} s")
+            return Grade(reward=0.0, reason="timeout", detail=f"the grading ran past {self.lim.timeout_s:g} s "
+                                                              "(its hidden-test runs and their waits for a sandbox slot)")
         return read_run(rendering, data)

@@ -210,3 +210,55 @@ def cpu_quota(ctx):
     except (ValueError, IndexError):
         return Outcome(False, f"no CPU figure: {r.status} {r.stdout[-80:]!r} {r.stderr[-120:]!r}")
     return Outcome(bool(throttled) or cores_used <= 0.4, f"throttled periods: {throttled}, cores used: {cores_used:.2f}")
+
+
+@attack("limit")
+def grader_hang_is_a_scored_timeout(ctx):
+    """Issue 30: grader hangs (a package whose import ignores SIGTERM and spins, like `__del__`, a FIFO or a fork
+    bomb) held a sandbox slot and a coordinator thread for 10-30 s per run, and slots taken by other calls were
+    waited for without bound, past the link's timeout (an infra drop). One deadline bounds a grading: its runs
+    and their waits for a slot. Both a hanging package and a grading behind a busy sandbox must come back as a
+    scored 0 with reason `timeout` within the deadline plus a second, never an exception."""
+    import time
+
+    from envs import swe
+
+    limit_s = 3.0
+    env = swe.SweEnv(seed=0, sandbox_cfg=ctx.sandbox_cfg(timeout_s=limit_s, max_concurrent=1),
+                     cfg=swe.SweConfig(test_timeout_s=limit_s))
+    task = next(t for t in env.tasks() if t.meta["file"] == "calc/evaluator.py" and t.level == 0)
+    out = []
+    try:
+        for case in ("hang", "busy"):
+            ep = env.start(task)
+            try:
+                if case == "hang":
+                    code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n"
+                    r = ep.execute(call("replace", path="calc/__init__.py", old='"""A tiny arithmetic',
+                                        new=code + '"""A tiny arithmetic'))
+                    assert r.status == "success", r.text
+                    env.grader.suite(ep._reference())  # the reference run is the host's, made once: not timed here
+                    busy = None
+                else:
+                    env.grader.suite(ep._reference())
+                    with env.sandbox.workdir("busy") as w:  # the only slot, taken for longer than the deadline
+                        busy = threading.Thread(target=env.sandbox.run, args=(["sleep", str(limit_s + 3)],),
+                                                kwargs={"cwd": w, "timeout_s": limit_s + 4})
+                        busy.start()
+                        time.sleep(0.5)
+                        t0 = time.monotonic()
+                        ep.execute(call("submit"))
+                        took = time.monotonic() - t0
+                        busy.join()
+                if case == "hang":
+                    t0 = time.monotonic()
+                    ep.execute(call("submit"))
+                    took = time.monotonic() - t0
+                reward = ep.score("")
+                out.append((case, float(reward), reward.reason, round(took, 1)))
+            finally:
+                ep.close()
+    finally:
+        env.close()
+    ok = all(v == 0.0 and why == "timeout" and took <= limit_s + 1.0 for _, v, why, took in out)
+    return Outcome(ok, "; ".join(f"{c}: reward {v} ({why}) in {t} s" for c, v, why, t in out))

@@ -12,7 +12,8 @@ host-side tools, per-process limits) is driven as a model would drive it, and mu
     RLIMITS_MAY_LACK where the kernel gives it no PID namespace) may succeed, and the warning must
     name them. Issue 30's findings each have a driver: host_process_through_proc (a call reading or
     signalling the runtime), other_episode_process_and_workdir (one episode's call signalling
-    another's process or writing its work dir).
+    another's process or writing its work dir), grader_hang_is_a_scored_timeout (a hanging package
+    or a busy sandbox: a swe grading is a 0 with reason `timeout` within its deadline).
 Where the machine gives no writable cgroup (an unprivileged user here) the per-call limits
 (LIMIT_LACKS) are exempt only if the sandbox names that lack in its `isolation` and warning.
 """

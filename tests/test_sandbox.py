@@ -130,6 +130,22 @@ def test_a_reused_cgroup_reports_its_latest_call_and_never_keeps_tmpfs_pages(san
     assert _run(sandbox, "print(sum(len(open(f'pages{i}', 'rb').read()) for i in range(4)) >> 20)", work).stdout == "24\n"
 
 
+def test_a_deadline_bounds_the_wait_for_a_slot_and_the_run():
+    sb = Sandbox(SandboxConfig(**{**CFG.__dict__, "max_concurrent": 1, "timeout_s": 10.0}))
+    with sb.workdir("dl") as w:
+        busy = threading.Thread(target=sb.run, args=(["sleep", "3"],), kwargs={"cwd": w})
+        busy.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = sb.run(["true"], cwd=w, deadline=time.monotonic() + 0.5)  # the only slot is busy past the deadline
+        waited = time.monotonic() - t0
+        busy.join()
+        assert (r.status, r.returncode) == ("timeout", -9) and "no slot free" in r.stderr and waited < 1.5, (r, waited)
+        t0 = time.monotonic()
+        r = sb.run(["sleep", "5"], cwd=w, deadline=time.monotonic() + 1.0)  # the run itself ends at the deadline
+        assert r.status == "timeout" and time.monotonic() - t0 < 2.0 + 1.0, r
+
+
 def test_network_connect_fails(ns_sandbox, tmp_path):
     with ns_sandbox.workdir() as w:
         code = "import socket\ns = socket.socket(); s.settimeout(1)\ntry:\n    s.connect(('1.1.1.1', 80)); print('connected')\nexcept OSError as e: print('blocked', e.errno)"
