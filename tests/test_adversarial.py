@@ -87,15 +87,17 @@ def _custom_root() -> Path:
     return path
 
 
-def _expose_interpreter(argv: list[str], *, uid: int | None, stage: Path) -> list[str]:
+def _expose_interpreter(argv: list[str], *, uid: int | None, stage: Path | None = None) -> list[str]:
     """argv run in a private mount namespace where /root and /home are traversable, with the
-    interpreter's dirs under them bound back, optionally as `uid` (root only). `stage` is the
-    caller's to remove (empty again once the binds moved away; one was left per run, issue 30)."""
+    interpreter's dirs under them bound back, optionally as `uid` (root only). The staging dir
+    (`stage`, else a fresh temp dir) is removed by the script once the binds moved away (one was
+    left per run, issue 30; tests/test_startup_errors.py passes none)."""
+    stage = stage or Path(tempfile.mkdtemp(prefix="libra-adv-stage-"))
     dirs = [d for d in sfs.interpreter_dirs() if sfs.under(d, "/root") or sfs.under(d, "/home")]
     script = ('set -e; i=0; for d in $DIRS; do mkdir -p "$STAGE/$i"; mount --bind "$d" "$STAGE/$i"; i=$((i+1)); done\n'
               'for top in /root /home; do [ -d $top ] && mount -t tmpfs -o size=1m,mode=755 none $top; done\n'
-              'i=0; for d in $DIRS; do mkdir -p "$d"; mount --move "$STAGE/$i" "$d"; i=$((i+1)); done\n'
-              'exec "$@"')
+              'i=0; for d in $DIRS; do mkdir -p "$d"; mount --move "$STAGE/$i" "$d"; rmdir "$STAGE/$i"; i=$((i+1)); done\n'
+              'rmdir "$STAGE"; exec "$@"')
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     return ["env", f"DIRS={' '.join(dirs)}", f"STAGE={stage}", "unshare", "--mount", "--propagation", "private",
             "sh", "-c", script, "sh", *drop, *argv]
