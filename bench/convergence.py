@@ -32,6 +32,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import staleness
+from bench.staleness import mean_range_cell
+
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout")
 RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--device", "cpu", "--nproc", "4",
@@ -62,16 +65,6 @@ def to_target(rows: list[dict], target: float) -> tuple[int | None, float | None
         if r["reward_mean"] >= target:
             return r["step"], r["time_s"]
     return None, None
-
-
-def _cell(xs: list[float | None], fmt: str) -> str:
-    got = [x for x in xs if x is not None]
-    if not got:
-        return "-"
-    text = format(statistics.mean(got), fmt)
-    if len(xs) > 1:
-        text += f" ({format(min(got), fmt)}-{format(max(got), fmt)})" + ("" if len(got) == len(xs) else f" {len(got)}/{len(xs)}")
-    return text
 
 
 def plot(results: dict, target: float, path: Path, model: str = "tiny") -> None:
@@ -111,8 +104,6 @@ def main() -> None:
     p.add_argument("--objectives", default="decoupled,bypass,recompute", help="with --lags: the off-policy objectives")
     args = p.parse_args()
     if args.lags:
-        from bench import staleness
-
         args.lr = args.lr if args.lr is not None else DEFAULT_LR.get(args.model, 1e-5)
         args.out = args.out if args.out != "runs/convergence" else "runs/staleness"
         staleness.main(args)
@@ -141,8 +132,8 @@ def main() -> None:
         steps_of[system], secs_of[system] = [h[0] for h in hits], [h[1] for h in hits]
         tps = [r["summary"]["tokens_per_s"] for r in runs]
         stale = max(max(row["staleness_max"] for row in r["rows"]) for r in runs)
-        print(f"{system:<16} {_cell(steps_of[system], '.1f'):>22} {_cell(secs_of[system], '.1f'):>24} "
-              f"{_cell(tps, '.0f'):>14} {stale:>13}")
+        print(f"{system:<16} {mean_range_cell(steps_of[system], '.1f'):>22} {mean_range_cell(secs_of[system], '.1f'):>24} "
+              f"{mean_range_cell(tps, '.0f'):>14} {stale:>13}")
     plot(results, args.target, out / "convergence.png", args.model)
     (out / "convergence.json").write_text(json.dumps(
         {"target": args.target, "steps": args.steps, "seeds": args.seeds, "run_args": [*RUN_ARGS, "--model", args.model, "--trainer.lr", str(lr)],

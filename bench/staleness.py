@@ -29,7 +29,6 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.convergence import _cell
 from sim.reward import fit_lag_efficiency, predicted_steps
 
 NUM_PROMPTS = 4  # tasks per step
@@ -96,6 +95,17 @@ def to_target(run: dict, target: float) -> tuple[int | None, float | None]:
     return None, None
 
 
+def mean_range_cell(xs: list[float | None], fmt: str) -> str:
+    """"mean (min-max)" of the values that are not None, and "k/n" when some are; "-" when none are."""
+    got = [x for x in xs if x is not None]
+    if not got:
+        return "-"
+    text = format(statistics.mean(got), fmt)
+    if len(xs) > 1:
+        text += f" ({format(min(got), fmt)}-{format(max(got), fmt)})" + ("" if len(got) == len(xs) else f" {len(got)}/{len(xs)}")
+    return text
+
+
 def plot(results: dict, target: float, path: Path, model: str) -> None:
     import matplotlib
 
@@ -153,7 +163,7 @@ def main(args) -> None:
         censored = [s if s is not None else args.steps - lag for s in steps]
         steps_of.setdefault(objective, {})[lag] = statistics.mean(censored)
         table.append({"objective": objective, "lag": lag, "steps_to_target": steps, "seconds_to_target": secs})
-        print(f"{objective:<11} {lag:>3} {_cell(steps, '.1f'):>22} {_cell(secs, '.1f'):>24}")
+        print(f"{objective:<11} {lag:>3} {mean_range_cell(steps, '.1f'):>22} {mean_range_cell(secs, '.1f'):>24}")
     fits = {}
     print("\nfitted per-trajectory model (sim/reward.py): a trajectory trained `lag` versions late is worth gamma^lag")
     for objective, by_lag in steps_of.items():
