@@ -96,7 +96,7 @@ def to_target(run: dict, target: float) -> tuple[int | None, float | None]:
 
 
 def mean_range_cell(xs: list[float | None], fmt: str) -> str:
-    """"mean (min-max)" of the values that are not None, and "k/n" when some are; "-" when none are."""
+    """The "mean (min-max)" of the values that are not None, and "k/n" when some are None; "-" when all are."""
     got = [x for x in xs if x is not None]
     if not got:
         return "-"
