@@ -8,7 +8,7 @@ Algorithm, per `Sandbox.run(argv, cwd=workdir)`:
    shell has already joined a cgroup set (memory incl. tmpfs, pids, CPU; envs/sandbox_cgroup.py)
    that a `Pool` made once and reuses, and waits for "go". While the call runs, the next call's
    chain starts. (Joining a cgroup cost 5-15 ms per call here, the guard's interpreter ~12 ms:
-   `python -m bench.sandbox` measured `true` at ~45 ms before, ~7 ms after.)
+   `python -m bench.sandbox` measured `true` at 37-54 ms before, 6-11 ms after, on this 2-core box.)
 2. Hand it the call: a per-call fstab and a job (argv, env, stdin) in the runtime dir, then "go".
    Namespace mode (isolation "auto"/"namespaces"): the chain (envs/sandbox_procs.py) runs in
    fresh user (when not root), PID, network, IPC and mount namespaces; its init shell mounts a
