@@ -151,6 +151,7 @@ class Sandbox:
             raise RuntimeError(f"sandbox: cannot create the work-dir root {self._root} ({e.strerror}); "
                                "pass --env.root-dir a directory this user can write to") from None
         self._newroot, self._devskel = sfs.runtime_dirs(self._root)
+        sfs.sweep_call_files(self._newroot.parent)
         self._exposed = sfs.interpreter_dirs(cfg.expose_paths)
         bound = [*sfs.SYSTEM_DIRS, *self._exposed]
         self._aliases = sfs.interpreter_aliases(bound, clear=os.path.realpath(self._root))
@@ -361,7 +362,7 @@ class Sandbox:
         except OSError as e:
             raise ToolInfraError(f"sandbox: could not create the call's cgroup: {e}") from e
         rt = self._newroot.parent  # root's (or ours), not writable by the sandbox uid, outside every new root
-        files = {k: rt / f"{k}-{marker}" for k in ("ok", "fstab", "job", "in", "keep")}
+        files = {k: rt / f"{k}-{os.getpid()}-{marker}" for k in ("ok", "fstab", "job", "in", "keep")}  # pid: for the sweep
         procs = group.procs_files if group is not None else []
         argv = (sp.ns_argv(as_root=self._as_root, files=files, cgroup_procs=procs) if use_ns
                 else sp.rlimits_argv(files=files, cgroup_procs=procs, pid_ns=self._rl_ns))

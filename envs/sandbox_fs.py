@@ -30,7 +30,8 @@ the work-dir root with an empty tmpfs in the call's namespace and binds the call
 Invariants (tests/test_sandbox.py, tests/test_adversarial.py): inside, only the bound dirs and
 the work dir exist and only the work dir and the private tmpfs are writable; a work dir never
 exceeds its caps as root, and is back under them after every call otherwise (what the call wrote
-is removed, nothing older); `remove_tree` removes what the model made unreadable.
+is removed, nothing older); `remove_tree` removes what the model made unreadable; the per-call files of a
+dead process are removed by the next sandbox's start (`sweep_call_files`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,20 @@ def runtime_dirs(base: Path) -> tuple[Path, Path]:
         if not link.is_symlink():
             link.symlink_to(target)
     return newroot, dev
+
+
+def sweep_call_files(rt: Path) -> None:
+    """Remove the per-call files (`<kind>-<pid>-<id>`: verdict, fstab, job, stdin, mount point) that a process
+    which died without cleaning up (SIGKILL, os._exit) left in the runtime dir; live processes' files stay."""
+    for f in rt.glob("*-[0-9]*-*"):
+        kind, _, rest = f.name.partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind not in ("ok", "fstab", "job", "in", "keep") or not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            f.rmdir() if kind == "keep" else f.unlink()
+        except OSError:
+            continue
 
 
 def interpreter_dirs(extra: tuple[str, ...] = ()) -> list[str]:

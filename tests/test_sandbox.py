@@ -146,6 +146,19 @@ def test_a_deadline_bounds_the_wait_for_a_slot_and_the_run():
         assert r.status == "timeout" and time.monotonic() - t0 < 2.0 + 1.0, r
 
 
+def test_a_dead_processs_call_files_are_swept_at_start(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    sb = Sandbox(SandboxConfig(**{**CFG.__dict__, "root_dir": str(root)}))
+    rt = sb._newroot.parent
+    dead, live = 4194304 + 4321, os.getpid()  # past the kernel's largest pid_max: no such process
+    for name in (f"job-{dead}-a", f"ok-{dead}-a", f"fstab-{live}-b"):
+        (rt / name).write_text("x")
+    (rt / f"keep-{dead}-a").mkdir()
+    Sandbox(SandboxConfig(**{**CFG.__dict__, "root_dir": str(root)}))
+    assert sorted(p.name for p in rt.glob("*-*-*")) == [f"fstab-{live}-b"]
+
+
 def test_network_connect_fails(ns_sandbox, tmp_path):
     with ns_sandbox.workdir() as w:
         code = "import socket\ns = socket.socket(); s.settimeout(1)\ntry:\n    s.connect(('1.1.1.1', 80)); print('connected')\nexcept OSError as e: print('blocked', e.errno)"
