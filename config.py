@@ -26,8 +26,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.rollout_types import RolloutConfig
-from engine.trainer_config import TrainerConfig
+from engine.rollout.api import RolloutConfig
+from engine.trainer.config import TrainerConfig
 from envs.config import EnvConfig
 from loggers import check_loggers
 from envs.registry import BENCHES

@@ -42,7 +42,7 @@ def _run_dir(cfg) -> Path:
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP (kill, docker/systemctl stop, Slurm preemption, a closed terminal): the same
     path as Ctrl-C. The launcher forwards it to the coordinator, which checkpoints the last trained step
-    and writes the trace and summary (engine/launch.py), and the run ends with one line and a defined
+    and writes the trace and summary (engine/runtime/launch.py), and the run ends with one line and a defined
     exit code."""
 
     def __init__(self, signum: int):
@@ -67,7 +67,7 @@ def _main(argv: list[str] | None) -> int:
     _setup_logging()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
-        from engine.export import main as export_main
+        from engine.runtime.export import main as export_main
 
         return export_main(argv[1:])
     from config import parse_args
@@ -75,12 +75,12 @@ def _main(argv: list[str] | None) -> int:
     try:
         cfg = parse_args(argv, device_kind_of=_device_kind)
         if not cfg.run.plan_only:
-            from engine.preflight import check_run_inputs
+            from engine.runtime.preflight import check_run_inputs
 
             check_run_inputs(cfg, _run_dir(cfg))
         if cfg.run.sim:
             return _simulate(cfg)
-        from engine.run import plan_placement, placement_table, run, run_compare
+        from engine.runtime.run import plan_placement, placement_table, run, run_compare
 
         info, role_map = plan_placement(cfg)
         if cfg.run.compare:
@@ -117,7 +117,7 @@ def _exit(code: int) -> None:
     gloo's worker threads, which may still be freeing the last collective's work and its tensors; one
     that needs the GIL then is killed mid-destructor and the rank aborts after a finished run
     (pytorch/pytorch#179291), so torchrun reports a failure for a run that succeeded."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # the test engine/run.py uses for torchrun
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # the test engine/runtime/run.py uses for torchrun
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

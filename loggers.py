@@ -1,6 +1,6 @@
 """Metric loggers beside metrics.jsonl: console, TensorBoard and Weights & Biases (`--run.loggers`).
 
-`metrics.jsonl` (runlog.RunWriter) is always written: it is the run's record in DESIGN.md's
+`metrics.jsonl` (runlog.RunWriter) is always written: it is the run's record in docs/design.md's
 schema. The other loggers get the same step row with slash-path keys (`timing/step_s`,
 `rollout/reward_mean`, `train/loss`, ...; `slash_metrics`), so a dashboard groups them the way
 verl's and TRL's do. TensorBoard uses tensorboardX (or torch's writer when only `tensorboard` is
@@ -12,7 +12,7 @@ named `RUN-resumed-N`. A missing package is a one-line error at start-up naming 
 before the run directory exists. A logger that fails mid-run is reported once and dropped:
 logging never stops training.
 
-Invariants (tests/test_loggers.py): every DESIGN.md step field maps to one slash key and extras
+Invariants (tests/test_loggers.py): every docs/design.md step field maps to one slash key and extras
 keep theirs; unknown logger names and missing packages are refused with the fix; jsonl is always
 on; the TensorBoard logger writes an event file holding the slash keys; wandb offline writes its
 run directory (skipped with the reason when wandb is not installed).

@@ -1,7 +1,7 @@
 """Run outputs of real and simulated runs alike: the metrics row, the summary, the compare table and plot.
 
-The schema is DESIGN.md's "Run outputs". `MetricsRow` is one step (built by the step core,
-`scheduler/stepcore.py`, for both the real runtime and the simulator), `summarize` turns the
+The schema is docs/design.md's "Run outputs". `MetricsRow` is one step (built by the step core,
+`steps/core.py`, for both the real runtime and the simulator), `summarize` turns the
 rows into the summary, `idle_fractions` is the one definition of idle time, and
 `add_ratios`/`format_table`/`plot_compare` read every compare (real or simulated) the same way.
 `RunWriter` appends one metrics row per step and flushes it at once, so a killed run keeps every
@@ -11,8 +11,8 @@ coordinator flushes it. A resume truncates every output to the checkpoint's step
 
 A logging failure never stops training: writers log the error once and carry on.
 
-Invariants (tests/test_runlog.py): every metrics row holds the DESIGN.md step fields and
-round-trips through JSON; the summary holds the DESIGN.md summary fields; idle fractions lie in
+Invariants (tests/test_runlog.py): every metrics row holds the docs/design.md step fields and
+round-trips through JSON; the summary holds the docs/design.md summary fields; idle fractions lie in
 [0, 1]; trace.json loads as a trace-event list; a failing write is reported once, not raised;
 after `truncate_to_step(N, t)` no output holds a step after N or a trace event ending after t.
 """
@@ -87,7 +87,7 @@ def idle_fractions(*, step_s: float, rollout_s: float, train_s: float, sync_s: f
 
 def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: float, dropped: dict,
               peak_rss_mb: float, reward_target: float | None = None, **extra) -> dict:
-    """DESIGN.md summary from the step rows; throughput over `wall_s` (the whole run; simulated seconds in sim)."""
+    """docs/design.md summary from the step rows; throughput over `wall_s` (the whole run; simulated seconds in sim)."""
     tokens = sum(m["tokens"] for m in rows)
     trajs = sum(m["trajectories"] for m in rows)
     n = max(len(rows), 1)

@@ -19,7 +19,7 @@ import time
 import torch
 
 from engine.models import load_policy
-from engine.rollout_runner import BatchRunner
+from engine.rollout.runner import BatchRunner
 
 
 def _batch(model, rows: int, prompt_tokens: int, decode_steps: int) -> tuple[BatchRunner, list[str], float]:

@@ -4,8 +4,8 @@ N prompts (default 32) of `--prompt-tokens` tokens each, each a different text (
 (a row stops at the model's end-of-sequence token), greedy, one batch. Systems, alternated
 for `--rounds` rounds (this machine's speed swings by tens of percent; each keeps its best):
 
-  engine             RolloutEngine: in-place KV cache (engine/kv_cache.py), linears through
-                     oneDNN (engine/cpu_linear.py), float32
+  engine             RolloutEngine: in-place KV cache (engine/rollout/kv_cache.py), linears through
+                     oneDNN (engine/rollout/cpu_linear.py), float32
   engine-mkl         the same engine with PyTorch's default CPU linear (MKL sgemm, as `generate`
                      runs it): what the cache and the batching buy without the kernel choice
   engine-concat      the engine with transformers' DynamicCache (grows by torch.cat every step),
@@ -29,10 +29,10 @@ from unittest import mock
 
 import torch
 
-from engine import rollout_runner
+from engine.rollout import runner as rollout_runner
 from engine.models import load_policy
 from engine.precision import cpu_has_bf16_matmul
-from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest
 from envs.base import Task
 
 
@@ -73,7 +73,7 @@ def concat_cache():
     """The engine as it was: every batch change builds a DynamicCache, which decode grows by torch.cat."""
     from transformers import DynamicCache
 
-    from engine.kv_cache import InPlaceCache
+    from engine.rollout.kv_cache import InPlaceCache
 
     def left_padded(parts, width, spare=0):
         cache = InPlaceCache.left_padded(parts, width, spare=0)

@@ -5,10 +5,10 @@
 #   DEVICE=cpu bash bench/device_check.sh   # dry run of every python part on CPU (no gpu tests)
 #
 # Steps (each with its own time limit; the limits add up to 470 s):
-#   1. model    build a small Qwen-style model in memory and save it     (python -m engine.devcheck model)
+#   1. model    build a small Qwen-style model in memory and save it     (python -m engine.runtime.devcheck model)
 #   2. gpu      the `gpu`-marked tests                                   (pytest -m gpu)
 #   3. rollout  rollout speed on the device                              (python -m bench.rollout if it takes
-#               --device, else python -m engine.devcheck rollout: bench.rollout has been CPU-only)
+#               --device, else python -m engine.runtime.devcheck rollout: bench.rollout has been CPU-only)
 #   4. trainer  trainer speed on the device                              (same rule for bench.trainer)
 #   5. run      a real 2-step run with 2 worker ranks on the one GPU: --system static keeps training on
 #               one rank (FSDP/TP need one rank per GPU); the two ranks' weight sync goes over gloo
@@ -57,7 +57,7 @@ EOF
 [ $? -eq 0 ] || exit 1
 
 MODEL="$WORK/small-qwen"
-run model 20 "$PY" -m engine.devcheck model --out "$MODEL"
+run model 20 "$PY" -m engine.runtime.devcheck model --out "$MODEL"
 
 if [ "$DEVICE" = cpu ]; then
   ROWS+=("gpu|skip|0|dry run on CPU: the gpu-marked tests need CUDA")
@@ -68,12 +68,12 @@ fi
 if takes_device bench.rollout; then
   run rollout 60 "$PY" -m bench.rollout --device "$DEVICE" --model "$MODEL" --rounds 1
 else
-  run rollout 60 "$PY" -m engine.devcheck rollout --device "$DEVICE" --model "$MODEL"
+  run rollout 60 "$PY" -m engine.runtime.devcheck rollout --device "$DEVICE" --model "$MODEL"
 fi
 if takes_device bench.trainer; then
   run trainer 60 "$PY" -m bench.trainer --device "$DEVICE" --models "$MODEL"
 else
-  run trainer 60 "$PY" -m engine.devcheck trainer --device "$DEVICE" --model "$MODEL"
+  run trainer 60 "$PY" -m engine.runtime.devcheck trainer --device "$DEVICE" --model "$MODEL"
 fi
 
 RUN="$WORK/run"

@@ -37,7 +37,7 @@ SYSTEMS = ("libra", "static", "colocate")
 def real_setup(run_dir: Path):
     """The run's own first layout and scheduler settings, as the runtime derived them."""
     from config import load_config
-    from engine.run import valid_tp_degrees
+    from engine.runtime.run import valid_tp_degrees
     from scheduler.systems import initial_role_map
     from sim.run import RealSetup
 

@@ -4,7 +4,7 @@
 
 Both measurements run in the same job, on the same ranks, so their ratio is meaningful on a
 noisy machine. The transfer sends a model-like state dict (many tensors, ~`--mb` MiB fp32) from
-rank 0 to every other rank with `engine.weights`; the baseline broadcasts the same number of
+rank 0 to every other rank with `engine.runtime.weights`; the baseline broadcasts the same number of
 bytes as one flat tensor with `dist.broadcast`. Last line: `transfer_vs_raw_broadcast: R`.
 """
 
@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from engine.devices import DeviceInfo
-from engine.groups import GroupManager
-from engine.launch import spawn
-from engine.weights import WeightReceiver, WeightSender, manifest
+from engine.runtime.groups import GroupManager
+from engine.runtime.launch import spawn
+from engine.runtime.weights import WeightReceiver, WeightSender, manifest
 from scheduler.layout import Bucket, random_role_map
 
 BUCKETS = (Bucket(name="short", max_tokens=4096), Bucket(name="long", max_tokens=None))
@@ -96,7 +96,7 @@ def main() -> None:
     print(f"{'rebuild p90':<36} {sorted(res['rebuild_s'])[int(0.9 * len(res['rebuild_s'])) - 1] * 1e3:>8.1f} ms")
     print(f"{'raw dist.broadcast':<36} {raw:>8.3f} GB/s  ({res['bytes'] / 2**20:.0f} MiB to {args.ranks - 1} ranks)")
     print(f"{'raw, into a new buffer each time':<36} {gb / statistics.median(res['fresh_s']):>8.3f} GB/s")
-    print(f"{'engine.weights transfer':<36} {xfer:>8.3f} GB/s  (buckets of {args.bucket_mb:g} MiB)")
+    print(f"{'engine.runtime.weights transfer':<36} {xfer:>8.3f} GB/s  (buckets of {args.bucket_mb:g} MiB)")
     print(f"transfer_vs_raw_broadcast: {xfer / raw:.3f}")
 
 

@@ -2,22 +2,22 @@
 
 Measures, with the runtime's own code on the machine it runs on, and writes a
 `scheduler.profile.HardwareProfile` JSON (default `profiles/<model>-<device>.json`):
-  - decode / prefill: the rollout engine's `BatchRunner` (engine/rollout_runner.py) on one rank:
+  - decode / prefill: the rollout engine's `BatchRunner` (engine/rollout/runner.py) on one rank:
     a request of C prompt tokens is prefilled (timed), its KV is copied to B rows, and decode
     steps of the B-row batch are timed (median of `--decode-steps`), for each B and C of the grid;
   - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (bench/trainer.py),
     and there the trainer's full-weight gather (`Trainer.full_state_dict`) that every sync starts with;
-  - weight sync and group rebuild: `engine.weights` transfer of the model's bytes and
+  - weight sync and group rebuild: `engine.runtime.weights` transfer of the model's bytes and
     `GroupManager.apply` of a new role map over `--ranks` gloo ranks (bench/groups.py);
   - reconfiguration: a role switch as the coordinator runs it, less the drain (tool calls in
     flight, which the planner adds from the tool latencies it has seen): the old trainer saves
-    its hand-off (`engine.trainer.save_handoff`, model + Adam moments), the groups are rebuilt,
+    its hand-off (`engine.trainer.trainer.save_handoff`, model + Adam moments), the groups are rebuilt,
     a two-rank trainer group builds its trainer and loads it (`load_handoff`), one weight sync;
-  - step overhead: mailbox round trips over the torch TCPStore (engine/control.py), two per step on
+  - step overhead: mailbox round trips over the torch TCPStore (engine/runtime/control.py), two per step on
     the training path (Train -> Trained, Sync -> Synced), plus the coordinator's poll period.
 
 `--quick` (what a run's `--planner.profile auto` measures once per machine and model,
-engine/profile_cache.py): a coarser decode grid with fewer repetitions, and one two-rank spawn for
+engine/runtime/profile_cache.py): a coarser decode grid with fewer repetitions, and one two-rank spawn for
 every trainer figure instead of one per rank count plus one for the hand-off: rank 0 alone trains
 (tokens/s and gather on 1 rank) and saves the hand-off, then both ranks build an FSDP trainer,
 load it (the switch's new group) and train (tokens/s and gather on 2 ranks; more ranks are
@@ -42,7 +42,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.devices import DeviceInfo
-from engine.launch import spawn
+from engine.runtime.launch import spawn
 from scheduler.profile import HANDOFF_RANKS, HardwareProfile
 
 
@@ -65,7 +65,7 @@ def _median_s(fn, repeats: int) -> float:
 
 def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], decode_steps: int, prefill_repeats: int = 3):
     from engine.models import load_policy
-    from engine.rollout_runner import BatchRunner
+    from engine.rollout.runner import BatchRunner
 
     torch.set_num_threads(1)  # a rollout rank runs one thread (LaunchConfig.threads_per_rank)
     model, tok = load_policy(model_spec, device="cpu")
@@ -102,9 +102,9 @@ def _comm_rank(ctx, nbytes: int, rebuilds: int, syncs: int):
 
     import torch.distributed as dist
 
-    from engine.control import Mailbox
-    from engine.groups import GroupManager
-    from engine.weights import WeightReceiver, WeightSender, manifest
+    from engine.runtime.control import Mailbox
+    from engine.runtime.groups import GroupManager
+    from engine.runtime.weights import WeightReceiver, WeightSender, manifest
     from scheduler.layout import BucketsConfig, random_role_map
 
     mgr = GroupManager(ctx.store, global_rank=ctx.rank, world_size=ctx.world_size, rank_offset=0, timeout_s=60)
@@ -153,7 +153,7 @@ def _handoff_rank(ctx, model_spec: str, out_dir: str) -> dict:
 
     from bench.trainer import synthetic_batch
     from engine.models import load_policy
-    from engine.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
+    from engine.trainer.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
 
     cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=1024)
     save_s = 0.0
@@ -226,7 +226,7 @@ def _quick_trainer_rank(ctx, model_spec: str, out_dir: str, num_trajectories: in
 
     from bench.trainer import synthetic_batch
     from engine.models import load_policy
-    from engine.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
+    from engine.trainer.trainer import Trainer, TrainerConfig, load_handoff, save_handoff
 
     cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=1024)
     out = {}

@@ -16,7 +16,7 @@ and prefills only new tokens. Speeds on shared CPUs swing a lot: the two alterna
 `--rounds` rounds and each keeps its best wall time; the forward counts are noise-free.
 
 Where vLLM is installed (`LIBRA_VLLM=1 bash run.sh`), a third row runs the same workload on the vLLM
-backend (engine/vllm_engine.py, the script as a vLLM logits processor; its "forwards" are engine
+backend (engine/rollout/vllm_engine.py, the script as a vLLM logits processor; its "forwards" are engine
 steps, its prefix cache is emptied before each round; `--no-vllm` leaves it out), and a fourth,
 `raw-vllm`, runs it on the same vLLM engine driven directly (`run_raw_vllm`: no Libra bookkeeping),
 so that the backend's overhead shows. A model vLLM cannot run (the tiny one: head_dim 16 on CPU)
@@ -38,7 +38,7 @@ import torch
 
 from engine.chat import TOOL_CALL_CLOSE, has_tool_call, render_tool_response
 from engine.models import load_policy, render_prompt
-from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest
 from envs.base import Task, ToolResult
 
 DENSE_TOKENS = 300
@@ -133,8 +133,8 @@ def vllm_engine(model, tok, script, banned, args):
     if args.no_vllm or importlib.util.find_spec("vllm") is None:
         return None, "not installed (LIBRA_VLLM=1 bash run.sh)" if not args.no_vllm else "--no-vllm"
     from engine.models import save_policy_dir
-    from engine.vllm_engine import VllmRolloutEngine
-    from engine.vllm_script import ScriptLogits
+    from engine.rollout.vllm_engine import VllmRolloutEngine
+    from engine.rollout.vllm_script import ScriptLogits
 
     with tempfile.TemporaryDirectory(prefix="libra-bench-") as tmp:  # vLLM reads the weights at start-up only
         path = save_policy_dir(model, tok, Path(tmp) / "policy")

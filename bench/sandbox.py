@@ -8,7 +8,7 @@ medians for `true` (the fixed cost of the isolation: namespaces, mounts, rlimits
 
 Also: swe `run_tests` throughput with 1, 4 and 16 concurrent trajectories (real pytest runs in
 the sandbox), to show how far the 2 cores stretch; and the cost of one swe grading (the probe
-runs of envs/swe_grade.py, the reference run made beforehand) against a plain pytest run of the
+runs of envs/swe/grade.py, the reference run made beforehand) against a plain pytest run of the
 hidden tests in a copy of the package (`_pytest_grade`, the grading before issue 16, kept here
 only as the baseline), alternated in one run: `grading_probe_vs_pytest: R`. (The signed-record
 grading that the probes replaced measured 1.20x of this baseline on the same machine.)
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from envs.sandbox import Sandbox, SandboxConfig
+from envs.sandbox.sandbox import Sandbox, SandboxConfig
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -54,7 +54,7 @@ def run_tests_throughput(concurrency: int, calls_each: int) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     from envs.base import ToolCall
-    from envs.swe import SweEnv
+    from envs.swe.env import SweEnv
 
     env = SweEnv(seed=0, num_tasks=concurrency)
     episodes = [env.start(t) for t in env.tasks()[:concurrency]]
@@ -77,8 +77,8 @@ def _pytest_grade(sb: Sandbox, workdir, package: str, repo) -> float:
     """The grading before issue 16: copy package + pristine tests, trust pytest's exit code and summary."""
     import shutil
 
-    from envs import swe_mutate as mut
-    from envs.swe_tools import count_results
+    from envs.swe import mutate as mut
+    from envs.swe.tools import count_results
 
     with sb.workdir("swe-score") as score_dir:
         shutil.copytree(repo, score_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", package, "tests"))
@@ -92,9 +92,9 @@ def _pytest_grade(sb: Sandbox, workdir, package: str, repo) -> float:
 
 def grading_cost(num_calls: int, project: str = "calc") -> dict[str, list[float]]:
     """Seconds per grading of one episode with its bug fixed, pytest and probes alternated."""
-    from envs import swe_mutate as mut
+    from envs.swe import mutate as mut
     from envs.base import ToolCall
-    from envs.swe import SweEnv
+    from envs.swe.env import SweEnv
 
     env = SweEnv(seed=0)
     task = next(t for t in env.tasks() if t.meta["project"] == project)

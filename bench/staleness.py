@@ -3,9 +3,9 @@
     python -m bench.convergence --lags 0,1,2,4 [--objectives decoupled,bypass,recompute] [--model tiny|smollm2]
                                 [--seeds 3] [--steps 30] [--target 0.8] [--out runs/staleness]
 
-One process, the real pieces: the torch rollout engine (engine/rollout.py) samples each step's
+One process, the real pieces: the torch rollout engine (engine/rollout/engine.py) samples each step's
 batch on the digit task (examples/digits_env.py: one turn, a dense reward) with the weights of
-version max(0, v - lag), a snapshot kept since then, and the real trainer (engine/trainer.py)
+version max(0, v - lag), a snapshot kept since then, and the real trainer (engine/trainer/trainer.py)
 trains version v on it under the chosen off-policy objective. So from step `lag` on every batch
 is trained exactly `lag` versions late (the first `lag` steps 0..lag-1, as in any pipeline that
 starts empty); nothing else differs between lags: same tasks, sampling seeds, model and lr.
@@ -43,8 +43,8 @@ def run_forced_lag(*, lag: int, objective: str, seed: int, steps: int, model_nam
     import torch
 
     from engine.models import load_policy, render_prompt
-    from engine.rollout import Finished, RolloutConfig, RolloutEngine, RolloutRequest
-    from engine.trainer import Trainer, TrainerConfig
+    from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+    from engine.trainer.trainer import Trainer, TrainerConfig
     from examples.digits_env import DigitEnv
 
     torch.manual_seed(seed)

@@ -26,7 +26,7 @@ import time
 import torch
 
 from engine.devices import DeviceInfo
-from engine.launch import PRELOAD, spawn
+from engine.runtime.launch import PRELOAD, spawn
 
 
 def synthetic_batch(num_trajectories: int, seq_len: int, vocab_size: int, version: int):
@@ -49,7 +49,7 @@ def _rank_main(ctx, model_spec: str, num_ranks: int, steps: int, num_trajectorie
     import torch.distributed as dist
 
     from engine.models import load_policy
-    from engine.trainer import Trainer, TrainerConfig
+    from engine.trainer.trainer import Trainer, TrainerConfig
 
     model, tokenizer = load_policy(model_spec, device="cpu")
     group = dist.group.WORLD if num_ranks > 1 else None
@@ -76,7 +76,7 @@ def measure(model_spec: str, num_ranks: int, args) -> dict:
     results = spawn(
         _rank_main, num_ranks, (model_spec, num_ranks, args.steps, args.num_trajectories, args.seq_len, args.micro_batch_tokens),
         device_info=DeviceInfo("cpu", cores), threads_per_rank=args.threads_per_rank, timeout_s=args.timeout_s,
-        preload=PRELOAD + ["engine.trainer", "engine.models"],
+        preload=PRELOAD + ["engine.trainer.trainer", "engine.models"],
     )
     slowest = max(r["elapsed_s"] for r in results)
     return {"tokens_per_s": results[0]["tokens"] / slowest, "elapsed_s": slowest, "loss": results[0]["loss"],

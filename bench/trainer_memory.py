@@ -92,7 +92,7 @@ def run_one(spec: dict) -> dict:
     """In this process: build the model and trainer, then time one step and measure what it adds."""
     import torch
 
-    from engine.trainer import Trainer, TrainerConfig
+    from engine.trainer.trainer import Trainer, TrainerConfig
 
     torch.set_num_threads(spec["threads"])
     model = _model(spec["model"])

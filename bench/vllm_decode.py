@@ -24,7 +24,7 @@ import torch
 from bench.decode import drive, prompts, workload_args
 from engine.chat import IM_END, TOOL_CALL_CLOSE
 from engine.models import load_policy, save_policy_dir
-from engine.rollout import RolloutConfig, RolloutEngine
+from engine.rollout.engine import RolloutConfig, RolloutEngine
 
 def ban_hook(model, banned: list[int], ban: float):
     def hook(_module, _args, out):
@@ -57,8 +57,8 @@ def main() -> None:
     cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=args.new_tokens, max_turns=1,
                         max_total_tokens=args.prompt_tokens + args.new_tokens + 8, max_batch=args.max_batch)
 
-    from engine.vllm_engine import VllmRolloutEngine
-    from engine.vllm_script import ScriptLogits
+    from engine.rollout.vllm_engine import VllmRolloutEngine
+    from engine.rollout.vllm_script import ScriptLogits
 
     with tempfile.TemporaryDirectory(prefix="libra-bench-") as tmp:  # vLLM reads the weights at start-up only
         path = save_policy_dir(model, tok, Path(tmp) / "policy")

@@ -19,7 +19,7 @@ A local checkpoint whose own chat template knows `tools` (Qwen2.5, Qwen3) is ren
 so a real model sees exactly the format it was trained on; every other tokenizer (tiny,
 SmolLM2) uses the text template below.
 
-Invariants (tests/test_models.py, tests/test_rollout.py): the special strings are single tokens of
+Invariants (tests/engine/test_models.py, tests/engine/rollout/test_rollout.py): the special strings are single tokens of
 the tiny tokenizer; `render_prompt` ends with the assistant generation prompt; prompt + response
 token ids decode back to the rendered text; an encoded tool response never exceeds its `room`, a
 body never exceeds the per-call cap, a cut body ends with the note, and special-token text in a
@@ -51,7 +51,7 @@ _TOOLS_FOOTER = (
 )
 
 
-# `render_text` as a Jinja chat template: engine/export.py writes it into exported tokenizers, so
+# `render_text` as a Jinja chat template: engine/runtime/export.py writes it into exported tokenizers, so
 # that `apply_chat_template` elsewhere renders exactly the prompts the policy was trained on.
 # (JSON string literals are valid Jinja string literals.)
 HERMES_CHAT_TEMPLATE = (

@@ -1,19 +1,19 @@
 """Device detection: cuda (nccl), npu (hccl), cpu (gloo), and the per-rank device.
 
 `detect(requested)` resolves `--device auto|cpu|cuda|npu` to a `DeviceInfo`. torch_npu is
-imported only when an NPU is asked for or looks present (PLATFORM.md: importing it without CANN
+imported only when an NPU is asked for or looks present (docs/platform.md: importing it without CANN
 breaks `import torch`, so presence is sniffed from the filesystem first).
 
 The process-group backend string always carries gloo for CPU tensors ("cpu:gloo,cuda:nccl"), so
 that object messages and CPU-side collectives work on every device kind.
 
 Per rank: the device is bound before any process group exists (`set_rank_device`, called by
-engine/launch.py); the coordinator stays on CPU; worker ranks map to local devices in order,
+engine/runtime/launch.py); the coordinator stays on CPU; worker ranks map to local devices in order,
 and ranks beyond the device count share them. A group whose members share a device is gloo-only
 (`group_backend`), and a trainer or TP group that would share one is refused
 (`check_compute_group`), because NCCL/HCCL allow one rank per device in a communicator.
 
-Invariants (tests/test_devices.py): asking for a device that is absent raises RuntimeError with
+Invariants (tests/engine/test_devices.py): asking for a device that is absent raises RuntimeError with
 the fix; `auto` on a machine without accelerators is cpu/gloo; the backend string always has
 gloo; the device per rank and the backend per group follow the rules above.
 """

@@ -9,11 +9,11 @@
     ranks loading at once never see a half-written dir. `LIBRA_CACHE_DIR` overrides ~/.cache/libra.
   - a local HF causal-LM directory. A hub name without local files is a `ValueError` (no hub).
 
-`check_model(spec)` is the launcher's start-up check of a local directory (engine/preflight.py):
+`check_model(spec)` is the launcher's start-up check of a local directory (engine/runtime/preflight.py):
 config, weight files (every shard of an index, safetensors headers readable) and a tokenizer with
 a vocabulary that fits the model, so that no rank fails later with a loader's traceback.
 
-Invariants (tests/test_models.py, tests/test_startup_errors.py): `build_tiny(seed)` is deterministic
+Invariants (tests/engine/test_models.py, tests/engine/runtime/test_startup_errors.py): `build_tiny(seed)` is deterministic
 (same weights, same tokenizer ids); the special strings encode to one token each; an unknown spec,
 a missing path, a dir without config.json, a config.json that is not JSON or that transformers
 rejects, an unknown or non-causal model_type, missing or corrupt weights and a missing tokenizer

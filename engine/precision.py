@@ -10,7 +10,7 @@
   - The weight sync sends the rollout's dtype (the sender casts each bucket), so the manifests of
     both sides agree and half the bytes move; log-probs are always taken in float32.
 
-Invariants (tests/test_precision.py): the decision per device kind and rollout dtype; autocast on a CPU trainer
+Invariants (tests/engine/test_precision.py): the decision per device kind and rollout dtype; autocast on a CPU trainer
 is never entered; a sender casting to bf16 is received by a bf16 model's manifest.
 """
 

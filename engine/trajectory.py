@@ -6,7 +6,7 @@ template or tool output), a behaviour log-prob `logprobs[i]` (0.0 where the mask
 policy version that produced it `versions[i]` (-1 where the mask is 0). Positions before
 `prompt_len` are the prompt.
 
-Invariants (tests/test_trajectory.py): all per-token lists have the same length; mask is 0 on
+Invariants (tests/engine/test_trajectory.py): all per-token lists have the same length; mask is 0 on
 the prompt; `to_dict`/`from_dict` round-trip exactly; `policy_versions` lists the distinct
 versions that produced model tokens.
 """

@@ -25,7 +25,7 @@ surrogates into `ToolCallError`s; `validate_call` refuses arguments that are not
 `dispatch` turns any other exception a handler raises (except `ToolInfraError`) into a failure
 result and counts it in the env's `faults` counter by "tool:ExceptionType".
 
-Invariants (tests/test_envs_base.py, tests/test_adversarial.py): every malformed call yields a
+Invariants (tests/envs/test_envs_base.py, tests/envs/sandbox/test_adversarial.py): every malformed call yields a
 failure ToolResult, never an exception; `ToolResult.outcome()` is a pure function of (tool,
 size, status, thresholds); text without `<tool_call>` parses to [].
 """

@@ -1,15 +1,15 @@
 """`EnvConfig`: the sandbox knobs a user sets for every bench (`--env.*` flags); `SandboxConfig`, `SandboxResult`.
 
 Each env constructor takes it as `env_cfg=` (through `envs.registry.make_env(..., env_cfg=...)`)
-and turns it into its own `envs.sandbox.SandboxConfig` with `SandboxConfig.from_env`, adding its
-per-bench timeouts. What each limit becomes depends on the machine (see envs/sandbox.py):
+and turns it into its own `envs.sandbox.sandbox.SandboxConfig` with `SandboxConfig.from_env`, adding its
+per-bench timeouts. What each limit becomes depends on the machine (see envs/sandbox/sandbox.py):
 with cgroups (v2, or v1 controllers we may write) memory, processes and CPU are per call, all
 processes and the private /tmp together; without them only the per-process rlimits remain.
 
-`SandboxConfig` is what one `envs.sandbox.Sandbox` runs with (a bench's settings under the
+`SandboxConfig` is what one `envs.sandbox.sandbox.Sandbox` runs with (a bench's settings under the
 user's); `SandboxResult` is what one call returns. Torch-free, like all of envs/.
 
-Invariants (tests/test_sandbox.py::test_env_config_errors, test_config_errors): every bad value
+Invariants (tests/envs/sandbox/test_sandbox.py::test_env_config_errors, test_config_errors): every bad value
 raises ValueError with the value, the constraint and the fix.
 """
 

@@ -12,7 +12,7 @@ Algorithm: read every row (pyarrow for .parquet, json per line for .jsonl/.json 
 required fields, then build `Task`s with the env's tool schemas; when the prompt has no system
 message, the env's system prompt (tool-call and answer format) is put first.
 
-Invariants (tests/test_envs_datasets.py): a row missing a field raises ValueError naming the
+Invariants (tests/envs/test_envs_datasets.py): a row missing a field raises ValueError naming the
 file, the row number and the field; parquet and jsonl with the same rows give the same tasks.
 """
 

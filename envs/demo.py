@@ -13,7 +13,7 @@ Algorithm: tasks are taken in their list order; task i borrows its demonstration
 i+1 .. i+k (cyclically), so a demonstration never shows a task its own answer and the same
 tasks always get the same prompt (resume, --compare).
 
-Invariants (tests/test_envs_demo.py): task ids, tools and answers are unchanged; every
+Invariants (tests/envs/test_envs_demo.py): task ids, tools and answers are unchanged; every
 demonstration comes from another task and holds a tool call; k=0 returns the tasks as they
 were; fewer than k+1 tasks, or an oracle whose actions call no tool, is a ValueError with the fix.
 """

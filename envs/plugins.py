@@ -14,9 +14,9 @@ Algorithm: split the spec at ':', import the module (the current directory is se
 as `python -m` would), fetch the attribute, check its shape (the methods of the protocol; a
 reward callable with three positional parameters). `check_plugins` also builds the env once,
 checks its tasks and calls the reward on the first task, so a mistake ends the run before any
-rank starts (engine/preflight.py). Torch-free, like all of envs/.
+rank starts (engine/runtime/preflight.py). Torch-free, like all of envs/.
 
-Invariants (tests/test_plugins.py): every malformed spec, import failure, missing attribute,
+Invariants (tests/envs/test_plugins.py): every malformed spec, import failure, missing attribute,
 non-Env class, non-Task task list, and reward of the wrong signature or return type is a
 one-line ValueError naming the flag, the value and the fix; a valid env and reward run end to end.
 """

@@ -4,7 +4,7 @@
 
 Algorithm:
 1. Build the env through the registry and take the bench's scripted agent (`oracle_actions` or
-   `wrong_actions` of envs/<bench>.py; swe's come from envs/swe.py).
+   `wrong_actions` of envs/<bench>.py; swe's come from envs/swe/env.py).
 2. For each task, play its assistant messages in order: every tool call runs for real (sandbox,
    BM25, pytest), and each turn records its decode tokens, the tool outputs' tokens, latency and
    outcome state (tool, size class, status); the first message without calls is the answer.
@@ -17,7 +17,7 @@ Algorithm:
 Tokens are approximated as UTF-8 bytes / 4 (envs/ imports no tokenizer); a policy-driven profile
 with real token counts comes from a real run's trajectories (sim/trace.py reads those too).
 
-Invariants (tests/test_envs_toy.py): the written trace loads with sim.trace.record_to_spec; the
+Invariants (tests/envs/test_envs_toy.py): the written trace loads with sim.trace.record_to_spec; the
 same seed writes the same records apart from latencies.
 """
 

@@ -6,7 +6,7 @@ arguments (seed, num_tasks, data_path, level) plus any env-specific ones through
 `--env.*` sandbox settings, envs/config.py) goes to the benches whose tools run in a sandbox. Scripted
 agents (`oracle_actions`, `wrong_actions`) are found the same way via `scripted_agents(bench)`.
 
-Invariants (tests/test_envs_toy.py, test_envs_search.py, test_envs_math.py): every bench in
+Invariants (tests/envs/test_envs_toy.py, test_envs_search.py, test_envs_math.py): every bench in
 BENCHES builds through make_env; an unknown bench raises ValueError naming the choices.
 """
 
@@ -21,9 +21,9 @@ from envs.config import EnvConfig
 BENCHES = ("swe", "search", "math", "toy")
 # bench -> (module, env class, whether its tools run in a sandbox); modules are imported on first use.
 _ENTRIES = {
-    "swe": ("envs.swe", "SweEnv", True),
+    "swe": ("envs.swe.env", "SweEnv", True),
     "search": ("envs.search", "SearchEnv", False),
-    "math": ("envs.mathenv", "MathEnv", True),
+    "math": ("envs.math.env", "MathEnv", True),
     "toy": ("envs.toy", "ToyEnv", False),
 }
 

@@ -18,7 +18,7 @@ Tasks can also come from a verl-schema file (`data_path`, see envs/datasets.py),
 rows; they are searched against the same generated corpus unless `corpus_path` (jsonl with
 "title" and "text") is given.
 
-Invariants (tests/test_envs_search.py): same seed -> byte-identical tasks and corpus; the
+Invariants (tests/envs/test_envs_search.py): same seed -> byte-identical tasks and corpus; the
 oracle agent scores 1 and the wrong agent 0 on every sampled task; malformed calls give failure
 results.
 """

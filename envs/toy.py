@@ -6,7 +6,7 @@ tool turn. Reward: 1.0 when W (case-insensitive, punctuation ignored) is among t
 `num_words` words of the final text (tags such as <answer> are ignored), 0.5 when it occurs
 later, else 0.0. The partial credit gives GRPO a gradient before the model gets it exactly right.
 
-Invariants (tests/test_envs_toy.py): same seed -> same tasks; "W" scores 1, "xx yy zz W" 0.5,
+Invariants (tests/envs/test_envs_toy.py): same seed -> same tasks; "W" scores 1, "xx yy zz W" 0.5,
 "" 0; the oracle gets 1 and the wrong agent 0; bad calls give failure results.
 """
 

@@ -4,7 +4,7 @@
 
 The reward is the share of digit characters in the reply, so even the tiny random policy gets
 a graded signal from its first step (envs/toy.py's word answers are never sampled by it).
-`bench/convergence.py` trains it to a reward target with every system; tests/test_learning.py
+`bench/convergence.py` trains it to a reward target with every system; tests/engine/runtime/test_learning.py
 checks that GRPO climbs it.
 """
 

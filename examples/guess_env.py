@@ -7,7 +7,7 @@ This file is the whole user code. A Libra env is a class with `tasks()`, `start(
 (run one tool call the model wrote, return a `ToolResult`), `score(final_text)` (the reward
 when the model stops calling tools) and `close()`. Tools are OpenAI function schemas;
 `dispatch` turns every malformed call into a failure result the model sees.
-Tested by tests/test_plugins.py (scripted oracle scores 1, a wrong answer 0, a real run trains on it).
+Tested by tests/envs/test_plugins.py (scripted oracle scores 1, a wrong answer 0, a real run trains on it).
 """
 
 import random

@@ -6,7 +6,7 @@ A reward function takes `(final_text, ground_truth, task)` and returns a float: 
 the model's last message, `ground_truth` the row's `reward_model.ground_truth` (a string, a
 list of accepted strings, or {"target": [...]}), `task` the envs.base.Task (`task.meta` holds
 `data_source` and `extra_info`). The bench's tools still run; only the score is yours.
-Tested by tests/test_plugins.py.
+Tested by tests/envs/test_plugins.py.
 """
 
 import re

@@ -1,6 +1,6 @@
 """The scheduler's contract: events in (plain values, explicit `now`), frozen decisions out.
 
-The same router and planner objects drive the real runtime (`engine/coordinator.py`) and the
+The same router and planner objects drive the real runtime (`engine/runtime/coordinator.py`) and the
 simulator (`sim/`). Neither reads a clock nor does I/O: the caller passes `now` (seconds, any
 monotonic origin) with every event.
 

@@ -30,7 +30,7 @@ Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
 Never to a shorter bucket, at most one migration per event, O(1) per event (plus a re-walk of the
 request's own outcome list once after a rebuild).
 
-Invariants (tests/test_scheduler_cmlfq.py): trained on traces where a failure outcome is followed
+Invariants (tests/scheduler/test_scheduler_cmlfq.py): trained on traces where a failure outcome is followed
 by long continuations and success by short ones, a failure migrates and a success stays; no
 migration without tree evidence unless the token limit is exceeded; decisions are deterministic;
 admission spills, causal moves and demotions are held exactly at the per-device load ratio.

@@ -15,7 +15,7 @@ Algorithm (roofline plus communication):
    small fixed cost per receiving device. Reconfiguration: group rebuild plus moved devices'
    weight loads.
 
-Published figures this model is checked against (tests/test_scheduler_costmodel.py asserts the
+Published figures this model is checked against (tests/scheduler/test_scheduler_costmodel.py asserts the
 model's side of each row):
 
 | figure | published | model |
@@ -35,7 +35,7 @@ Transformer Inference" (2022). [4] PyTorch FSDP paper (Zhao et al., VLDB 2023): 
 [5] torchtitan (Liang et al., 2024) Llama-3 8B/70B 38-50% MFU. [6] Huawei Ascend 910B specs as
 reported by the Libra paper's testbed (arXiv 2606.03077) and vendor sheets; approximate.
 
-Invariants (tests/test_scheduler_costmodel.py): every time is positive and finite; decode time
+Invariants (tests/scheduler/test_scheduler_costmodel.py): every time is positive and finite; decode time
 is non-decreasing in batch and context and, per token, TP>1 is faster than TP1 for models whose
 weights dominate; training time scales as 1/num_devices; `calibrate_cpu` rejects missing or
 non-positive measurements with a message naming them.
@@ -119,7 +119,7 @@ HARDWARE: dict[str, Hardware] = {
     "910b3": Hardware(name="910b3", peak_flops=313e12, mem_bw_bytes_s=1.6e12, mem_bytes=64 * GB,
                       link_bw_bytes_s=196 * GB, link_latency_s=20e-6, group_rebuild_s=3.0),
     # Measured by `python -m bench.scheduler` on the 2-core dev boxes (numpy fp32 matmul, memcpy;
-    # gloo broadcast 0.7-0.8 GB/s and ~1.5 ms small round trip from shared/PLATFORM.md).
+    # gloo broadcast 0.7-0.8 GB/s and ~1.5 ms small round trip from docs/platform.md).
     "cpu": Hardware(name="cpu", peak_flops=50e9, mem_bw_bytes_s=8 * GB, mem_bytes=24 * GB,
                     link_bw_bytes_s=0.75 * GB, link_latency_s=1.5e-3, group_rebuild_s=0.05),
 }

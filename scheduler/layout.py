@@ -1,7 +1,7 @@
 """Role maps: which ranks train and which rollout instances (buckets, TP degree) exist.
 
 A `RoleMap` is the one description of a placement that every part of Libra shares: the planner
-returns one, the simulator runs one, `engine/groups.py` turns one into process groups, and
+returns one, the simulator runs one, `engine/runtime/groups.py` turns one into process groups, and
 `--plan-only` prints one. It is plain frozen data (no torch), versioned so that every rank can
 check it agrees with the coordinator before it touches a process group.
 
@@ -9,7 +9,7 @@ Buckets are ordered from short to long: bucket i serves trajectories up to
 `buckets[i].max_tokens` tokens (the last one is unbounded). Each rollout instance belongs to one
 bucket and spans `tp` consecutive-or-not ranks that form its tensor-parallel group.
 
-Invariants (tests/test_layout.py):
+Invariants (tests/scheduler/test_layout.py):
 - `validate()` accepts a map iff ranks are in range and unique per role, every instance's TP
   degree is in {1, 2, 4, 8}, each bucket named by an instance exists, bucket limits increase
   with only the last unbounded, both stages are non-empty, and (unless colocated) no rank is both

@@ -30,7 +30,7 @@ Algorithm:
    planner took trainers for a tail the overlap already hid: 48xA800 math ran 13% slower than
    with the split kept.)
 
-Invariants (tests/test_scheduler_planner.py): MLFQ demands count every trajectory in the first
+Invariants (tests/scheduler/test_scheduler_planner.py): MLFQ demands count every trajectory in the first
 bucket; the batch cap is per instance whatever its TP; a lower decoded share shrinks the tail;
 the critical trajectory decodes on the first buckets until its first signal or their limit, and
 a late signal keeps low-TP instances off its path.

@@ -16,7 +16,7 @@ Algorithm:
    the shortest one.
 3. `switch_of` says what a change of role map costs the runtime, in kind.
 
-Invariants (tests/test_scheduler_planner.py): every layout built validates for any G in
+Invariants (tests/scheduler/test_scheduler_planner.py): every layout built validates for any G in
 2..1024.
 """
 

@@ -29,7 +29,7 @@ Algorithm, per `on_step_end(stats, now)`:
    False: the analytic tables on a CPU run, whose ranks share cores) keeps the split; the
    planner says so once and still re-plans the buckets.
 
-Invariants (tests/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
+Invariants (tests/scheduler/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
 than training-heavy history; a long tail gets an instance of TP >= 2; on stationary input a
 second plan never replaces the first (hysteresis); no re-plan from too little history; settling

@@ -22,7 +22,7 @@ with `advance`; a cursor made before a rebuild is re-walked from its outcome lis
 has a `generation` counter). The tree serialises to JSON (its records), so a run can warm-start
 from the previous one; the scheduler does no I/O, the caller writes the string.
 
-Invariants (tests/test_scheduler_cmlfq.py): estimates are exact mean and nearest-rank quantile of
+Invariants (tests/scheduler/test_scheduler_cmlfq.py): estimates are exact mean and nearest-rank quantile of
 the samples; a rebuild happens exactly every `rebuild_every` records; the tree only reflects the
 last `window` records; `from_json(to_json())` gives identical estimates.
 """

@@ -23,7 +23,7 @@ tokens; training uses the measured rank count, or the log-log scaling between th
 for others; TP > 1 scales the TP-1 time by the analytic model's TP ratio (CPU runs here measure
 TP 1 only). Memory questions (max batch, minimum TP) stay analytic on the profile's hardware.
 
-Invariants (tests/test_scheduler_profile.py): a profile round-trips through JSON; the profiled
+Invariants (tests/scheduler/test_scheduler_profile.py): a profile round-trips through JSON; the profiled
 model returns exactly the measured times at measured points and is monotone between them; a
 malformed or incomplete profile is refused with a message naming the field and the command that
 writes one.

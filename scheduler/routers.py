@@ -20,7 +20,7 @@ Policies here (C-MLFQ is in `scheduler/cmlfq.py`):
 - `LAMLFQRouter` (`la_mlfq`): starts in the shortest bucket and is demoted when its tokens
   outgrow the bucket's limit (token thresholds only, no causal signal).
 
-Invariants (tests/test_scheduler_routers.py): a route or decision only names an instance of the
+Invariants (tests/scheduler/test_scheduler_routers.py): a route or decision only names an instance of the
 current layout and that instance's bucket; a migration only goes to a strictly longer bucket;
 every admitted request stays tracked until finish/cancel, including across `set_layout`; the
 same event sequence gives the same decisions.

@@ -1,6 +1,6 @@
 """The systems Libra is compared against, as one table, and factories for their parts.
 
-`SYSTEMS` maps each `--system` name of DESIGN.md to a frozen `SystemSpec`: which router it uses,
+`SYSTEMS` maps each `--system` name of docs/design.md to a frozen `SystemSpec`: which router it uses,
 whether its rollout buckets are heterogeneous, whether a planner re-plans, whether ranks move
 between training and rollout, whether rollout and training overlap, whether it is colocated.
 The runtime and the simulator build a system's router, first role map and planner from here
@@ -15,7 +15,7 @@ Initial layouts (`initial_role_map`), for world_size G >= 2 and trainer share f:
   ranks remain, and TP1 "short" instances for the rest (R = 2: short TP1 + long TP1; R = 1: one
   TP1 instance in the shortest bucket, which the routers then use for every bucket).
 
-Invariants (tests/test_scheduler_systems.py): every name of DESIGN.md is present; every initial
+Invariants (tests/scheduler/test_scheduler_systems.py): every name of docs/design.md is present; every initial
 role map validates for G in 2..1024; heterogeneous systems get a TP >= 2 instance once R >= 3;
 `make_planner` returns None exactly for the systems without a planner.
 """

@@ -1,8 +1,12 @@
-"""Discrete-event cluster simulator driving the same scheduler/ classes. No torch.
+"""The discrete-event cluster simulator: the same step core, routers and planner as a real run. No torch.
 
-Modules: `config` (SimConfig), `workload` (long-tailed, drifting synthetic trajectories; env
-profiles), `trace` (recorded runs as workloads; fidelity replay), `instance` (continuous batching
-as a fluid of decode iterations), `cluster` (the event loop: rollout, tools, router, trainer,
-sync, planner), `oracle` (clairvoyant router), `reward` (the reward-vs-steps MODEL), `report`
-(DESIGN.md metrics/summary, the table), `plot` (compare.png), `run` (simulate/compare entry points).
+What lives here: `config` (SimConfig), `workload` (long-tailed, drifting synthetic trajectories;
+env profiles), `trace` (recorded runs as workloads, fidelity replay), `instance` (continuous
+batching as a fluid of decode iterations), `cluster` (the event loop around `steps.core`: rollout,
+tools, router, trainer, sync, planner), `oracle` (the clairvoyant router), `reward` (the
+reward-vs-steps model, priced by the measured staleness), `baselines` (each peer tuned to its
+best), `run` (simulate and compare entry points).
+
+May import: scheduler, steps, runlog
+Must not import: torch, engine, envs, bench.
 """

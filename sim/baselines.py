@@ -22,7 +22,7 @@ reward target first is kept too (`to_target`: a lower staleness bound can win th
 on throughput). No libra mechanism is used at run time: the found layout is held fixed for
 the whole run, as its users would set it.
 
-Invariants (tests/test_sim_baselines.py): the tuned configuration is at least as fast as the
+Invariants (tests/sim/test_sim_baselines.py): the tuned configuration is at least as fast as the
 default on the same seed (the default is a candidate); every candidate validates; fully-async's
 rows never exceed the staleness bound it was run with.
 """

@@ -2,7 +2,7 @@
 
 One `ClusterSim` plays one system on one workload for S steps. What a step is (admission with
 lookahead, routing and migration decisions, the ledger, the metrics row, the planner's stats,
-which requests drain at a layout change) is the real runtime's own `scheduler/stepcore.py`,
+which requests drain at a layout change) is the real runtime's own `steps/core.py`,
 driving the very same router and planner objects; this module only supplies time, from the
 cost model.
 
@@ -24,7 +24,7 @@ Algorithm:
    of them are busy than there are cores, every engine and the trainer run at cores/busy of
    their measured speed (processor sharing, as the OS shares the cores).
 
-Invariants (tests/test_sim_engine.py): every admitted trajectory finishes exactly once and is
+Invariants (tests/sim/test_sim_engine.py): every admitted trajectory finishes exactly once and is
 trained in its own step; staleness never exceeds the bound; same inputs give the same metrics.
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import logging
 
-from scheduler import stepcore as core
+from steps import core
 from scheduler.costmodel import MemoizedCost
 from scheduler.layout import RoleMap
 from scheduler.layout_search import switch_of

@@ -3,7 +3,7 @@
 `default_sim` is what `python libra.py --bench B --sim` runs; the presets of the paper's
 experiments live in `bench/presets.py`.
 
-Invariants (tests/test_sim_config.py): every bad value raises ValueError naming the field, the
+Invariants (tests/sim/test_sim_config.py): every bad value raises ValueError naming the field, the
 value and the fix; `to_dict()` is JSON-safe and lists every field.
 """
 

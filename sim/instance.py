@@ -9,7 +9,7 @@ two events the batch is fixed, so the instance advances at one decode iteration 
 "stall" seconds spent before decode resumes. On a CPU whose cores every rank shares, the cluster
 sets `slowdown` (busy processes / cores): wall time per second of work.
 
-Invariants (tests/test_sim_engine.py): a request leaves after exactly the tokens it asked for;
+Invariants (tests/sim/test_sim_engine.py): a request leaves after exactly the tokens it asked for;
 the batch never exceeds `capacity` sequences, nor (once it holds one) its KV capacity in tokens; the decode-token count equals the sum over requests.
 """
 

@@ -11,7 +11,7 @@ It is the yardstick every system is compared with (simulation only). The oracle
 a fixed split, colocation), and libra's own schedule beside them, and keeps the fastest, so the
 oracle is the best schedule we know, not a proof of optimality.
 
-Invariants (tests/test_sim_oracle.py, tests/test_sim_run.py): the clairvoyant router never migrates (the
+Invariants (tests/sim/test_sim_oracle.py, tests/sim/test_sim_run.py): the clairvoyant router never migrates (the
 oracle migrates only when libra's own schedule is the best known); no system's throughput beats
 the oracle's on the same workload and seed.
 """

@@ -18,7 +18,7 @@ toy task, so the simulator's time-to-reward is a model, labelled as one in every
 (`REWARD_NOTE`). Curve parameters per bench are shaped after the paper's training curves (swe
 starts low and rises slowly, math starts higher); they are not fitted to data.
 
-Invariants (tests/test_sim_reward.py): reward rises monotonically with progress; staleness never
+Invariants (tests/sim/test_sim_reward.py): reward rises monotonically with progress; staleness never
 speeds convergence; a batch's progress is the mean of its trajectories' own worth (not the batch
 maximum's); `fit_lag_efficiency` recovers the gamma that generated `predicted_steps`; the default
 target is reached by an on-policy run at 60% of its steps.

@@ -11,13 +11,13 @@ Algorithm of `simulate(cfg, system)`:
    libra's own schedule as it is: the greedy clairvoyant placement is a heuristic that C-MLFQ
    can beat on a small run, and the yardstick is the best schedule known (free sync alone does
    not make a schedule faster: it shifts every later routing decision).
-3. `sim/cluster.py` plays S steps through the runtime's own step core, which writes DESIGN.md's
+3. `sim/cluster.py` plays S steps through the runtime's own step core, which writes docs/design.md's
    metrics rows; `runlog.summarize` turns them into the summary (reward: `sim/reward.py`'s model).
 `compare` runs every system on the same workload and seed and writes compare.json/compare.png.
 `replay(run_dir)` plays a real run's recorded trajectories (`sim/trace.py`) through the same
 system and compares the predicted step times with the measured `step_s` (mean abs. % error).
 
-Invariants (tests/test_sim_run.py): same config and seed -> identical summaries (except host
+Invariants (tests/sim/test_sim_run.py): same config and seed -> identical summaries (except host
 timings); tokens and trajectories are equal across systems; no step-batched system beats
 `oracle` (finish-order systems train other batches, so its step schedule does not bound them).
 """

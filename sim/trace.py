@@ -1,6 +1,6 @@
 """Recorded traces: load a real run's trajectories as a workload, write the simulator's own, replay.
 
-Trace format (a run dir): `metrics.jsonl` (DESIGN.md fields, one row per step) and
+Trace format (a run dir): `metrics.jsonl` (docs/design.md fields, one row per step) and
 `trajectories.jsonl`, one JSON object per finished trajectory:
 `{"step", "request_id", "task_id", "num_tokens", "prompt_len", "turns": [[start, end], ...],
 "tool_outcomes": [[tool, size, status], ...], "tool_latency_s": [...], "instances": [...]}`, and
@@ -12,7 +12,7 @@ the next one's start is the tool output (with its chat template) that was prefil
 Fidelity: `sim.run.replay(run_dir, ...)` plays these recorded trajectories through the simulator
 and compares the predicted step times with the measured ones.
 
-Invariants (tests/test_sim_trace.py): write -> load round-trips every TrajSpec exactly; a
+Invariants (tests/sim/test_sim_trace.py): write -> load round-trips every TrajSpec exactly; a
 trace written by the simulator replays to the same step times (error 0); malformed records
 raise ValueError naming the line.
 """

@@ -25,7 +25,7 @@ Profiles: `swe` (R2E-Gym: long prompts, many turns, slow test runs), `search` (S
 turns, retrieval payloads, fast tools), `math` (DAPO-Math: few turns of long reasoning); any env
 can ship its own as a JSON file of `WorkloadProfile` fields (`load_profile`, or `bench=path.json`).
 
-Invariants (tests/test_sim_workload.py): specs are a pure function of (profile, seed, step,
+Invariants (tests/sim/test_sim_workload.py): specs are a pure function of (profile, seed, step,
 prompt); zero tail gives identical trajectories; the default tails have p99/median in [5, 20].
 """
 

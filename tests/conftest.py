@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_profile_cache(tmp_path_factory):
-    """Every real run of a session plans on one measured tiny profile (engine/profile_cache.py): the
+    """Every real run of a session plans on one measured tiny profile (engine/runtime/profile_cache.py): the
     first run measures it (~10 s), the others read it; never the user's own cache."""
     if "LIBRA_PROFILE_DIR" not in os.environ:
         os.environ["LIBRA_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))

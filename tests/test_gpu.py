@@ -1,16 +1,16 @@
 """On a CUDA node only (`-m gpu`, run by bench/device_check.sh): device binding, sync backends, precision.
 
-The same decisions are unit-tested on CPU in tests/test_devices.py, tests/test_groups.py and
-tests/test_precision.py; here they meet a real device.
+The same decisions are unit-tested on CPU in tests/engine/test_devices.py, tests/engine/runtime/test_groups.py and
+tests/engine/test_precision.py; here they meet a real device.
 """
 
 import pytest
 import torch
 
 from engine.devices import DeviceInfo
-from engine.groups import GroupManager
-from engine.launch import spawn
-from engine.weights import WeightReceiver, WeightSender, manifest
+from engine.runtime.groups import GroupManager
+from engine.runtime.launch import spawn
+from engine.runtime.weights import WeightReceiver, WeightSender, manifest
 from scheduler.layout import Bucket, split_role_map
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""runlog.py: metrics rows round-trip, the summary holds DESIGN.md's fields, idle fractions lie
+"""runlog.py: metrics rows round-trip, the summary holds docs/design.md's fields, idle fractions lie
 in [0, 1], trace.json is a trace-event list, a failing write is reported once and not raised."""
 
 import json

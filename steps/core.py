@@ -1,0 +1,495 @@
+"""The step core: what a training step is, shared by the real coordinator and the simulator.
+
+Pure Python, no clock, no I/O (in the style of vLLM's `schedule()` / `update_from_output()`):
+the caller tells it what happened, with an explicit `now`, and gets small frozen commands back.
+`engine/runtime/coordinator.py` wraps it in the mailbox loop of real ranks; `sim/cluster.py` wraps it in
+a discrete-event loop with times from the cost model. So a step, its metrics row and the
+planner's `StepStats` mean the same thing in both by construction.
+
+Algorithm:
+1. Admission: step s may start while s <= steps trained + `lookahead` (0 for synchronous
+   systems), s < num_steps, and no role-map change is in progress. This bounds staleness.
+   `admit(s, requests)` routes every request (`router.admit`) and starts it in the ledger.
+2. Events: a tool return or a decode boundary asks the router; a migration, or a request whose
+   instance is leaving the layout, becomes `Export`; `on_exported` answers with the `Add` on its
+   new instance (or parks it while the layout changes). A finished trajectory is counted in its
+   step; an infrastructure failure is dropped with the reason "tool_infra".
+3. Training: once every trajectory of step `trained` is finished or dropped, `take_batch`
+   drops the stale ones (older than `max_staleness` versions) and returns the rest in request
+   order (finish order is a race). `on_trained` bumps the policy version; `end_step` builds the
+   `MetricsRow` and the planner's `StepStats`, and asks the planner for a new layout.
+   `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
+   groups to finish, as many as a step admits, from whichever admitted steps they come; a
+   long group waits for a later batch instead of holding this one. Its staleness is bounded at
+   admission, as AReaL bounds it (at most `lookahead` steps ahead of the trainer), not by dropping:
+   a group that outlives several updates is trained, and the row reports its lag.
+4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
+   that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
+
+Invariants (tests/steps/test_stepcore.py): every started trajectory is trained exactly once or
+dropped with a reason; steps are trained in order and a step never starts more than
+`lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness`; a finished
+trajectory counts even when its migration was under way; a layout change re-homes every
+request of a removed instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runlog import LAG_KEY, MetricsRow, idle_fractions
+from scheduler.api import OutcomeState, PlanDecision, StepStats
+from scheduler.layout import RoleMap, keep_instance_ids
+from steps.ledger import Ledger
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoreConfig:
+    num_steps: int  # training steps of the run
+    max_staleness: int  # a trajectory older than this many policy versions is dropped, not trained
+    lookahead: int  # steps admitted ahead of the trainer (0: synchronous, e.g. colocate)
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
+    batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
+
+    def __post_init__(self) -> None:
+        if (self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0
+                or self.checkpoint_every_s < 0):
+            raise ValueError(f"CoreConfig: num_steps={self.num_steps} must be >= 1 and max_staleness="
+                             f"{self.max_staleness}, lookahead={self.lookahead}, checkpoint_every="
+                             f"{self.checkpoint_every}, checkpoint_every_s={self.checkpoint_every_s} >= 0")
+
+
+# ---- what the caller tells the core ---------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class NewRequest:
+    request_id: str
+    group_id: str  # the GRPO group (n samples of one prompt in one step)
+    prompt_id: str  # the task id: routers learn per prompt, the ledger records it when trained
+    prompt_tokens: int
+    task: object = None  # the caller's own payload (a Task, a TrajSpec), handed back in `Add`
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    num_tokens: int  # prompt + model + tool-output tokens
+    num_model_tokens: int  # tokens the model decoded
+    tool_latency_s: tuple[float, ...] = ()  # each tool call's latency
+    signal_tokens: int = 0  # tokens in context when its first tool result came back (num_tokens if none); 0 = unknown
+    first_version: int | None = None  # policy version of its first model token (None: no model token)
+    reward: float | None = None
+    reward_reason: str = ""  # why the env gave that reward (swe "tests_failed", math "wrong"); "" if it did not say
+    infra_failed: bool = False  # a tool infrastructure fault, not the model's doing
+    payload: object = None  # the caller's trajectory (handed to the trainer in `TrainBatch`)
+
+
+# ---- what the core tells the caller ---------------------------------------------------------
+@dataclass(frozen=True)
+class Add:
+    request_id: str
+    instance_id: int
+    group_id: str
+    task: object
+    resumed: bool  # re-added after an export: its state (token ids so far) goes with it
+
+
+@dataclass(frozen=True)
+class Export:
+    request_id: str
+    instance_id: int  # where it runs now
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+    instance_id: int
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    step: int  # 0-based index of the step
+    payloads: tuple  # trajectories to train on, in request order
+    request_ids: tuple[str, ...]
+    policy_version: int  # the version the trainer starts from
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    admitted_s: float  # when the step's batch was admitted (its rollout started)
+    row: MetricsRow
+    stats: StepStats
+    plan: PlanDecision | None  # a new layout to apply at this boundary
+    checkpoint: bool  # a periodic checkpoint is due
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunState:
+    """What a checkpoint keeps of the coordinator: the step is the task position (tasks are a function of seed and step)."""
+
+    step: int
+    policy_version: int
+    role_map: RoleMap
+    prefix_tree: str | None = None  # C-MLFQ's tree as JSON (warm start)
+    ledger: dict = field(default_factory=dict)  # Ledger.counts(before_step=step): the steps it covers
+    trained_task_ids: tuple[str, ...] = ()
+    wall_s: float = 0.0  # run time when step `step` ended: a resumed run's clock continues from here
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "policy_version": self.policy_version, "role_map": self.role_map.to_dict(),
+                "prefix_tree": self.prefix_tree, "ledger": self.ledger, "trained_task_ids": list(self.trained_task_ids),
+                "wall_s": self.wall_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunState:
+        return cls(step=int(d["step"]), policy_version=int(d["policy_version"]), role_map=RoleMap.from_dict(d["role_map"]),
+                   prefix_tree=d.get("prefix_tree"), ledger=dict(d.get("ledger", {})),
+                   trained_task_ids=tuple(d.get("trained_task_ids", ())), wall_s=float(d.get("wall_s", 0.0)))
+
+
+# ---- bookkeeping ------------------------------------------------------------------------------
+@dataclass
+class Request:
+    request_id: str
+    step: int
+    group_id: str
+    prompt_id: str
+    task: object
+    instance_id: int
+    migrating: bool = False
+    target: int | None = None  # where the router's last migration decision sends it
+
+
+@dataclass
+class Step:
+    index: int
+    admitted_s: float
+    request_ids: list[str] = field(default_factory=list)
+    prompt_ids: dict[str, str] = field(default_factory=dict)  # request -> task id (the ledger's trained order)
+    done: dict[str, Finished | None] = field(default_factory=dict)  # None: dropped
+    drop_reasons: dict[str, str] = field(default_factory=dict)  # request -> why it was dropped
+    groups: dict[str, list[str]] = field(default_factory=dict)  # GRPO group -> its requests, in admission order
+    ready_s: float | None = None
+    taken_groups: int = 0  # finish-order batching: groups of this step already in a batch
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for reason in self.drop_reasons.values():
+            out[reason] = out.get(reason, 0) + 1
+        return out
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) == len(self.request_ids)
+
+
+class StepCore:
+    def __init__(self, cfg: CoreConfig, router, planner, role_map: RoleMap, state: RunState | None = None) -> None:
+        self.cfg, self.router, self.planner = cfg, router, planner
+        self.role_map = role_map
+        self.ledger = Ledger()
+        self.trained = state.step if state else 0  # steps trained (and synced)
+        self.version = state.policy_version if state else 0
+        if state:
+            self.ledger.trained_order = list(state.trained_task_ids)
+            self.ledger.prior = state.ledger
+        self.admitted = self.trained  # next step to admit
+        self.requests: dict[str, Request] = {}
+        self.steps: dict[int, Step] = {}
+        self.parked: set[str] = set()  # exported during a layout change, waiting for the new layout
+        self.leaving: set[int] = set()  # instances that go away at the current layout change
+        self.reconfiguring: RoleMap | None = None
+        self.migrations = 0
+        self._training: TrainBatch | None = None
+        self._trained = False  # the batch in training was trained (an empty batch is not)
+        self._trained_s = 0.0
+        self._train_metrics: dict = {}
+        self._train_tokens: int | None = None
+        self._last_step_end = state.wall_s if state else 0.0  # the caller's clock continues a resumed run's
+        self._checkpoint_s = self._last_step_end
+        self._reconfig_s = 0.0  # paid since the last step ended; reported in the next row
+        # finish-order batching (fully async): complete groups in the order they completed, the
+        # members each group still waits for, and the batch in training as a step of its own
+        self._ready_groups: list[tuple[int, str]] = []
+        self._group_left: dict[tuple[int, str], int] = {}
+        self._batch_step: Step | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.trained >= self.cfg.num_steps
+
+    def start(self, now: float) -> None:
+        """The run starts on the current layout (after model loading: time counts from here)."""
+        self.router.set_layout(self.role_map, now)
+
+    # ---- admission -----------------------------------------------------------------------------
+    def next_admissible(self) -> int | None:
+        """The step that may be admitted now, or None (the trainer is behind, or a layout change runs)."""
+        s = self.admitted
+        if s < self.cfg.num_steps and s <= self.trained + self.cfg.lookahead and self.reconfiguring is None:
+            return s
+        return None
+
+    def admit(self, step: int, requests: list[NewRequest], now: float) -> list[Add]:
+        assert step == self.next_admissible(), f"step {step} admitted out of order (next admissible: {self.next_admissible()})"
+        st = self.steps[step] = Step(index=step, admitted_s=now)
+        adds = []
+        for r in requests:
+            route = self.router.admit(r.request_id, r.prompt_id, r.prompt_tokens, now)
+            self.requests[r.request_id] = Request(r.request_id, step, r.group_id, r.prompt_id, r.task, route.instance_id)
+            self.ledger.start(r.request_id, step)
+            st.request_ids.append(r.request_id)
+            st.prompt_ids[r.request_id] = r.prompt_id
+            st.groups.setdefault(r.group_id, []).append(r.request_id)
+            self._group_left[(step, r.group_id)] = self._group_left.get((step, r.group_id), 0) + 1
+            adds.append(Add(r.request_id, route.instance_id, r.group_id, r.task, resumed=False))
+        self.admitted += 1
+        if not requests:
+            st.ready_s = now
+        return adds
+
+    # ---- rollout events ------------------------------------------------------------------------
+    def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Export | None:
+        req = self.requests.get(request_id)
+        if req is None or req.migrating:
+            return None
+        return self._maybe_export(req, self.router.on_tool_return(request_id, outcome, tokens_so_far, now))
+
+    def on_decode(self, request_id: str, tokens_so_far: int, now: float) -> Export | None:
+        req = self.requests.get(request_id)
+        if req is None or req.migrating:
+            return None
+        return self._maybe_export(req, self.router.on_decode(request_id, tokens_so_far, now))
+
+    def _maybe_export(self, req: Request, decision) -> Export | None:
+        moving = decision.migrate and decision.instance_id != req.instance_id
+        if moving or req.instance_id in self.leaving:  # leaving: its instance goes away at this boundary
+            req.migrating, req.target = True, decision.instance_id if moving else None
+            return Export(req.request_id, req.instance_id)
+        return None
+
+    def on_exported(self, request_id: str, now: float) -> Add | None:
+        """The request left its instance; None while a layout change runs (it is parked until then)."""
+        req = self.requests[request_id]
+        if self.reconfiguring is not None:
+            self.parked.add(request_id)
+            return None
+        assert req.target is not None, f"{request_id} exported without a migration target"
+        self.migrations += 1
+        return self._readd(req, req.target)
+
+    def on_export_failed(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            req.migrating, req.target = False, None  # it finished or waits on a tool: it stays where it is
+
+    def _readd(self, req: Request, instance_id: int) -> Add:
+        req.instance_id, req.migrating, req.target = instance_id, False, None
+        return Add(req.request_id, instance_id, req.group_id, req.task, resumed=True)
+
+    def on_finished(self, request_id: str, fin: Finished, now: float) -> None:
+        """Also while an export is in flight: that export will fail, the result stands."""
+        req = self.requests.pop(request_id)
+        self.parked.discard(request_id)
+        self.router.on_finish(request_id, fin.num_tokens, now)
+        st = self.steps[req.step]
+        if fin.infra_failed:
+            self.ledger.drop(request_id, "tool_infra")
+            st.drop_reasons[request_id] = "tool_infra"
+            st.done[request_id] = None
+        else:
+            self.ledger.finish(request_id)
+            st.done[request_id] = fin
+        if st.complete and st.ready_s is None:
+            st.ready_s = now
+        key = (req.step, req.group_id)
+        self._group_left[key] -= 1
+        if not self._group_left[key]:
+            del self._group_left[key]
+            self._ready_groups.append(key)
+
+    # ---- training ------------------------------------------------------------------------------
+    def take_batch(self, now: float) -> TrainBatch | None:
+        """The next step's batch once all of it is in (stale trajectories dropped), else None.
+
+        With `batch_by_finish`: once as many complete groups as a step admits have finished
+        (in any admitted step), the first of them in finish order (AReaL-style fully async)."""
+        if self._training is not None:
+            return None
+        if self.cfg.batch_by_finish:
+            st = self._finish_order_step(now)
+            if st is None:
+                return None
+        else:
+            st = self.steps.get(self.trained)
+            if st is None or not st.complete:
+                return None
+        ids, payloads = [], []
+        for rid, fin in sorted(st.done.items()):  # finish order is a race: train in request order
+            if fin is None:
+                continue
+            # fully async bounds staleness where AReaL does, at admission (at most `lookahead` steps
+            # ahead); a long group that spans more updates is trained, its lag reported in the row
+            if (not self.cfg.batch_by_finish and fin.first_version is not None
+                    and self.version - fin.first_version > self.cfg.max_staleness):
+                self.ledger.drop(rid, "stale")
+                st.drop_reasons[rid] = "stale"
+                st.done[rid] = None
+                continue
+            ids.append(rid)
+            payloads.append(fin.payload)
+        self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version)
+        self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
+        return self._training
+
+    def _finish_order_step(self, now: float) -> Step | None:
+        """The batch of the first complete groups to finish, as a step of its own; None until enough are in."""
+        first = self.steps.get(min(self.steps)) if self.steps else None
+        need = len(first.groups) if first is not None else 0
+        if not need or len(self._ready_groups) < need:
+            return None
+        keys, self._ready_groups = self._ready_groups[:need], self._ready_groups[need:]
+        st = Step(index=self.trained, admitted_s=min(self.steps[s].admitted_s for s, _ in keys), ready_s=now)
+        for s, group in keys:
+            src = self.steps[s]
+            for rid in src.groups[group]:
+                st.request_ids.append(rid)
+                st.prompt_ids[rid] = src.prompt_ids[rid]
+                st.done[rid] = src.done[rid]
+                if rid in src.drop_reasons:
+                    st.drop_reasons[rid] = src.drop_reasons[rid]
+            src.taken_groups += 1
+            if src.taken_groups == len(src.groups):
+                del self.steps[s]
+        self._batch_step = st
+        return st
+
+    def on_trained(self, *, train_s: float, metrics: dict | None = None, train_tokens: int | None = None) -> None:
+        """The trainer finished the batch of `take_batch` (not called for an empty batch)."""
+        batch = self._training
+        assert batch is not None and batch.request_ids, "on_trained without a non-empty batch in training"
+        st = self._batch_step if self.cfg.batch_by_finish else self.steps[batch.step]
+        for rid in batch.request_ids:
+            self.ledger.train(rid, st.prompt_ids[rid])
+        self.version += 1
+        self._trained, self._trained_s = True, train_s
+        self._train_metrics, self._train_tokens = dict(metrics or {}), train_tokens
+
+    def end_step(self, now: float, *, sync_s: float) -> StepEnd:
+        """The step's row and stats; the planner's decision for the next layout."""
+        batch, self._training = self._training, None
+        assert batch is not None, "end_step without take_batch"
+        if self.cfg.batch_by_finish:
+            st, self._batch_step = self._batch_step, None
+        else:
+            st = self.steps.pop(batch.step)
+        fins = [st.done[rid] for rid in batch.request_ids]
+        row = self._row(st, fins, now, sync_s)
+        skipped = not self._train_metrics.get("train/stepped", 1)
+        stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=0.0 if skipped else row.train_s, sync_s=sync_s,
+                          trajectory_tokens=tuple(f.num_tokens for f in fins),
+                          decode_tokens=tuple(f.num_model_tokens for f in fins),  # tool output is not decoded
+                          signal_tokens=tuple(f.signal_tokens for f in fins) if all(f.signal_tokens for f in fins) else (),
+                          tool_latency_s=tuple(x for f in fins for x in f.tool_latency_s),
+                          train_tokens=self._train_tokens if self._train_tokens is not None else row.tokens,
+                          role_map=self.role_map, reconfig_s=row.reconfig_s)
+        self.trained += 1
+        self._last_step_end = now
+        self._reconfig_s = 0.0
+        plan = self.planner.on_step_end(stats, now) if self.planner is not None and not self.done else None
+        every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
+        due = not self.done and (bool(every) and self.trained % every == 0 or bool(every_s) and now - self._checkpoint_s >= every_s)
+        if due:
+            self._checkpoint_s = now
+        return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due)
+
+    def _row(self, st: Step, fins: list[Finished], now: float, sync_s: float) -> MetricsRow:
+        rewards = [f.reward for f in fins if f.reward is not None]
+        versions = [f.first_version for f in fins if f.first_version is not None]
+        step_s = now - self._last_step_end
+        rollout_s = (st.ready_s if st.ready_s is not None else now) - st.admitted_s
+        train_s = self._trained_s if self._trained else 0.0
+        idle_r, idle_t = idle_fractions(step_s=step_s, rollout_s=rollout_s, train_s=train_s, sync_s=sync_s,
+                                        colocated=self.role_map.colocated)
+        extra = {k: v for k, v in self._train_metrics.items() if isinstance(v, (int, float))}
+        for f in fins:  # why each trained reward is what it is, and why the others were not trained
+            if f.reward_reason:
+                extra[f"score/{f.reward_reason}"] = extra.get(f"score/{f.reward_reason}", 0) + 1
+        extra.update({f"dropped/{reason}": n for reason, n in sorted(st.dropped.items())})
+        # each trajectory's own lag (its oldest token): the simulator's reward model prices every one
+        for lag in (self.version - 1 - v for v in versions):
+            extra[f"{LAG_KEY}{lag}"] = extra.get(f"{LAG_KEY}{lag}", 0) + 1
+        return MetricsRow(step=st.index + 1, time_s=now, step_s=step_s, rollout_s=rollout_s, train_s=train_s,
+                          sync_s=sync_s, reconfig_s=self._reconfig_s, tokens=sum(f.num_tokens for f in fins),
+                          trajectories=len(fins), reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+                          staleness_max=max((self.version - 1 - v for v in versions), default=0),
+                          migrations=self.migrations, role_map=self.role_map.summary(),
+                          role_map_desc=self.role_map.describe(), idle_frac_rollout=idle_r, idle_frac_train=idle_t,
+                          policy_version=self.version, extra=extra)
+
+    # ---- layout changes ------------------------------------------------------------------------
+    def begin_reconfigure(self, proposed: RoleMap) -> tuple[RoleMap, list[Export]]:
+        """Pause admission and export every request on an instance the new layout drops.
+
+        A request that cannot leave now (it waits on a tool) is exported at its next event."""
+        new = keep_instance_ids(self.role_map, proposed).with_version(self.role_map.version + 1)
+        kept = {inst.instance_id for inst in new.instances}
+        self.leaving = {inst.instance_id for inst in self.role_map.instances} - kept
+        self.reconfiguring = new
+        exports = []
+        for req in self.requests.values():
+            if req.instance_id in self.leaving and not req.migrating:
+                req.migrating, req.target = True, None
+                exports.append(Export(req.request_id, req.instance_id))
+        return new, exports
+
+    def drained(self) -> bool:
+        return not any(r.instance_id in self.leaving and r.request_id not in self.parked for r in self.requests.values())
+
+    def finish_reconfigure(self, now: float) -> list[Add]:
+        """Switch to the new layout; every parked request goes where the router re-homes it."""
+        new, self.reconfiguring, self.leaving = self.reconfiguring, None, set()
+        assert new is not None, "finish_reconfigure without begin_reconfigure"
+        self.role_map = new
+        moved = self.router.set_layout(new, now)
+        adds = []
+        for rid in sorted(self.parked):
+            req = self.requests[rid]
+            route = moved.get(rid)  # every request of a removed instance is re-homed by the router
+            adds.append(self._readd(req, route.instance_id if route else req.target if req.target is not None
+                                    else req.instance_id))
+        self.parked.clear()
+        return adds
+
+    def add_reconfig_s(self, seconds: float) -> None:
+        """Time a layout change cost; the next step's row reports it."""
+        self._reconfig_s += seconds
+
+    # ---- end of run ----------------------------------------------------------------------------
+    def cancel_all(self, now: float) -> list[Cancel]:
+        out = []
+        for req in list(self.requests.values()):
+            out.append(Cancel(req.request_id, req.instance_id))
+            self.router.on_cancel(req.request_id, now)
+        self.requests.clear()
+        self.ledger.close()
+        self.ledger.check()
+        return out
+
+    def state(self) -> RunState:
+        tree = getattr(self.router, "tree", None)
+        return RunState(step=self.trained, policy_version=self.version, role_map=self.role_map,
+                        prefix_tree=tree.to_json() if tree is not None else None,
+                        ledger=self.ledger.counts(before_step=self.trained),
+                        trained_task_ids=tuple(self.ledger.trained_order), wall_s=self._last_step_end)
+
+    def waiting(self) -> dict[str, list[str]]:
+        """Unfinished trajectories of admitted steps, by where they are (for stall reports)."""
+        out: dict[str, list[str]] = {}
+        for st in self.steps.values():
+            for rid in st.request_ids:
+                if rid not in st.done:
+                    req = self.requests.get(rid)
+                    where = "gone" if req is None else f"instance {req.instance_id}" + (" (migrating)" if req.migrating else "")
+                    out.setdefault(where, []).append(rid)
+        return out

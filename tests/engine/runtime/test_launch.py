@@ -1,0 +1,56 @@
+"""The launcher: results in rank order, a raising worker is named and nothing survives."""
+
+import time
+
+import psutil
+import pytest
+
+from engine.devices import DeviceInfo
+from engine.runtime.launch import WorkerFailed, spawn
+
+CPU = DeviceInfo("cpu", 2)
+
+
+def _echo(ctx, base):
+    ctx.set_role("trainer" if ctx.rank % 2 else "rollout")
+    return base + ctx.rank
+
+
+def _raise_on_two(ctx):
+    ctx.set_role("rollout")
+    if ctx.rank == 2:
+        raise ValueError("boom from a worker")
+    time.sleep(60)  # the others would hang without the teardown
+
+
+def _children():
+    return [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_results_come_back_in_rank_order():
+    assert spawn(_echo, 3, (10,), device_info=CPU, timeout_s=30) == [10, 11, 12]
+
+
+def test_raising_worker_is_named_and_everything_is_torn_down():
+    before = {c.pid for c in _children()}
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"rank 2 \(rollout\) failed: ValueError: boom from a worker"):
+        spawn(_raise_on_two, 4, device_info=CPU, timeout_s=30)
+    assert time.monotonic() - t0 < 10
+    # the forkserver itself may stay (it is shared and exits with us); no rank may survive
+    left = [c for c in _children() if c.pid not in before and "forkserver" not in " ".join(c.cmdline())]
+    assert left == [], [c.cmdline() for c in left]
+
+
+def _die_hard(ctx):
+    import os
+    import signal
+
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def test_killed_worker_is_detected():
+    with pytest.raises(WorkerFailed, match=r"rank 1 .*exited with code -9"):
+        spawn(_die_hard, 2, device_info=CPU, timeout_s=30)
