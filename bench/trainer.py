@@ -11,7 +11,9 @@ one warm-up step, then `--steps` timed steps; tokens/s counts every token of the
 
 Prints a table and, last, `trainer_fsdp2_vs_1: R`: tokens/s with 2 FSDP2 ranks over 1 rank for
 the last model benchmarked (smollm2 by default); 2.0 is perfect scaling, the gap is the gloo
-all-gathers and reduce-scatters plus the cores other processes take.
+all-gathers and reduce-scatters plus the cores other processes take. The measurement is the
+machine profile's own (`engine.runtime.profile.train_rate`, what `python -m bench.profile` runs per
+trainer rank count); this module is its table.
 
     python -m bench.trainer [--models tiny,smollm2] [--steps 2] [--num-trajectories 8] [--seq-len 128]
                             [--threads-per-rank 1]
@@ -21,66 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
-import torch
-
-from engine.devices import DeviceInfo
-from engine.runtime.launch import PRELOAD, spawn
-
-
-def synthetic_batch(num_trajectories: int, seq_len: int, vocab_size: int, version: int):
-    from engine.trajectory import Trajectory
-
-    gen = torch.Generator().manual_seed(1234 + version)
-    prompt_len = seq_len // 2
-    out = []
-    for i in range(num_trajectories):
-        ids = torch.randint(0, vocab_size, (seq_len,), generator=gen).tolist()
-        k = seq_len - prompt_len
-        out.append(Trajectory(request_id=f"b{version}-{i}", task_id=f"t{i // 4}", group_id=f"g{version}-{i // 4}",
-                              prompt_len=prompt_len, token_ids=ids, loss_mask=[0] * prompt_len + [1] * k,
-                              logprobs=[0.0] * prompt_len + [-5.0] * k, versions=[-1] * prompt_len + [version] * k,
-                              reward=float(i % 2)))
-    return out
-
-
-def _rank_main(ctx, model_spec: str, num_ranks: int, steps: int, num_trajectories: int, seq_len: int, micro_batch_tokens: int):
-    import torch.distributed as dist
-
-    from engine.models import load_policy
-    from engine.trainer.trainer import Trainer, TrainerConfig
-
-    model, tokenizer = load_policy(model_spec, device="cpu")
-    group = dist.group.WORLD if num_ranks > 1 else None
-    trainer = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=micro_batch_tokens), group=group, device="cpu")
-    vocab = len(tokenizer)
-    trainer.train_step(synthetic_batch(num_trajectories, seq_len, vocab, 0), 0)  # warm-up
-    if group is not None:
-        dist.barrier()
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        metrics = trainer.train_step(synthetic_batch(num_trajectories, seq_len, vocab, step), step)
-    elapsed = time.perf_counter() - start
-    gather_s = []  # what a weight sync pays on the trainer before it sends: the full weights on every trainer rank
-    for _ in range(3):
-        t0 = time.perf_counter()
-        trainer.full_state_dict()
-        gather_s.append(time.perf_counter() - t0)
-    return {"elapsed_s": elapsed, "tokens": metrics["train/tokens"] * steps, "loss": metrics["train/loss"],
-            "params": sum(p.numel() for p in model.parameters()), "gather_s": sorted(gather_s)[1]}
+from engine.runtime.profile import train_rate
 
 
 def measure(model_spec: str, num_ranks: int, args) -> dict:
-    cores = os.cpu_count() or 1
-    results = spawn(
-        _rank_main, num_ranks, (model_spec, num_ranks, args.steps, args.num_trajectories, args.seq_len, args.micro_batch_tokens),
-        device_info=DeviceInfo("cpu", cores), threads_per_rank=args.threads_per_rank, timeout_s=args.timeout_s,
-        preload=PRELOAD + ["engine.trainer.trainer", "engine.models"],
-    )
-    slowest = max(r["elapsed_s"] for r in results)
-    return {"tokens_per_s": results[0]["tokens"] / slowest, "elapsed_s": slowest, "loss": results[0]["loss"],
-            "params": results[0]["params"], "gather_s": max(r["gather_s"] for r in results)}
+    """One configuration, measured by the profile's own `train_rate` (engine/runtime/profile.py)."""
+    return train_rate(model_spec, num_ranks, steps=args.steps, num_trajectories=args.num_trajectories,
+                      seq_len=args.seq_len, micro_batch_tokens=args.micro_batch_tokens,
+                      threads_per_rank=args.threads_per_rank, timeout_s=args.timeout_s)
 
 
 def main() -> None:

@@ -5,8 +5,9 @@ packages it may import besides itself; a package listed means its own modules, n
 sub-packages), and this test reads those lines, so the docstring and the check cannot drift.
 The top-level modules' rules are the TOP table below. The layers, lowest first: runlog, loggers
 <- scheduler <- steps, envs <- sim / engine <- config <- bench / examples / libra.py / tests. Every
-import counts, including those inside functions. Run `python -m pytest tests/test_imports.py -q`;
-a failure lists each bad edge.
+import counts, including those inside functions. Nor may engine/ run bench/ by name (a
+`python -m bench.X` string), which the graph would not see. Run
+`python -m pytest tests/test_imports.py -q`; a failure lists each bad edge.
 """
 
 import ast
@@ -142,3 +143,34 @@ def test_no_import_cycle():
         if m not in state:
             visit(m)
     assert cycles == []
+
+
+BENCH_NAME = re.compile(r"(?<![\w.])bench[./]\w")  # bench.profile, bench/profile.py
+
+
+def strings_that_run(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) of every string constant but the docstrings, and of every `"-m", "bench..."` pair."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    out = [(n.lineno, n.value) for n in ast.walk(tree)
+           if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    for seq in ast.walk(tree):
+        if not isinstance(seq, (ast.List, ast.Tuple, ast.Call)):
+            continue
+        items = [e.value if isinstance(e, ast.Constant) else None for e in (seq.args if isinstance(seq, ast.Call) else seq.elts)]
+        out += [(seq.lineno, f"-m {b}") for a, b in zip(items, items[1:]) if a == "-m" and str(b).startswith("bench")]
+    return out
+
+
+def test_the_engine_never_runs_a_benchmark():
+    """No string under engine/ (docstrings aside) names a bench module or file: a `python -m bench.X`
+    shell-out, an import by name, or a message telling the user to run one would make the runtime
+    depend on bench/ where the import graph above cannot see it (the machine profile a run
+    measures is engine/runtime/profile.py's)."""
+    bad = []
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        for line, text in strings_that_run(ast.parse(path.read_text(), filename=str(path))):
+            if BENCH_NAME.search(text) or text.startswith("-m bench"):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert bad == []

@@ -4,8 +4,9 @@ What lives here: `launch` (spawn ranks, forward signals, tear down), `run` (plac
 end to end, the summary), `coordinator` (the step core's commands as messages), `worker` (a
 rank's roles), `protocol` and `control` (messages and the store mailbox), `groups` (process
 groups rebuilt per role map), `weights` (versioned trainer -> rollout sync), `checkpoint`,
-`view` (the live view), `preflight` (start-up checks), `profile_cache` (the measured cost
-profile), `export`, `devcheck`, `forkserver_signals`.
+`view` (the live view), `preflight` (start-up checks), `profile` (measuring this machine's cost
+profile: `python -m engine.runtime.profile`), `profile_cache` (that profile, measured once and
+cached), `export`, `devcheck`, `forkserver_signals`.
 
 May import: engine, engine.rollout, engine.trainer, steps, envs, envs.sandbox, scheduler, runlog,
 loggers, config

@@ -3,15 +3,16 @@
 A real run with `--planner.profile auto` (the default) plans on what this machine measured with the
 runtime's own code (`scheduler/profile.py`), not on the analytic tables:
 1. Key: the model, the device kind and a fingerprint of the machine: host name, CPU model, core
-   count, torch version, and `PROFILE_VERSION` (bumped when what `bench.profile --quick` measures
-   changes, so old entries are measured again).
+   count, torch version, and `PROFILE_VERSION` (bumped when what `engine.runtime.profile --quick`
+   measures changes, so old entries are measured again).
 2. Look up `<dir>/<model>-<device>-<hash of the key>.json`; dir: `$LIBRA_PROFILE_DIR`, else
    `profiles/` under the model cache (`$LIBRA_CACHE_DIR`, default ~/.cache/libra). A hit whose
    recorded key matches is used as it is.
 3. Miss, `refresh`, or a cache file that does not load or records another key (warned): run
-   `python -m bench.profile --quick` in a subprocess (its progress lines go to the log as they
-   come), stamp the key into the profile's meta and rename it into place, all under an exclusive
-   lock on the entry, so two runs that start together measure once and neither reads half a file.
+   `python -m engine.runtime.profile --quick` in a subprocess (its progress lines go to the log as
+   they come; why a subprocess: engine/runtime/profile.py), stamp the key into the profile's meta
+   and rename it into place, all under an exclusive lock on the entry, so two runs that start
+   together measure once and neither reads half a file.
 
 Invariants (tests/engine/runtime/test_profile_cache.py): a hit measures nothing; a miss measures once and the next
 lookup hits; another fingerprint is another entry; a corrupt or foreign entry is measured again
@@ -39,7 +40,7 @@ from scheduler.profile import HardwareProfile
 
 log = logging.getLogger("libra")
 
-PROFILE_VERSION = 2  # bump when bench.profile --quick changes what it measures: cached entries are measured again
+PROFILE_VERSION = 2  # bump when engine.runtime.profile --quick changes what it measures: cached entries are measured again
 # 2: the rollout engine's CPU linears run oneDNN (engine/rollout/cpu_linear.py), so its decode and prefill times changed
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,8 +77,8 @@ def entry_path(model: str, device: str, key: dict) -> Path:
 
 
 def measure_quick(model: str, out: Path) -> None:
-    """`python -m bench.profile --quick` into `out`, its progress lines logged as they come."""
-    cmd = [sys.executable, "-m", "bench.profile", "--quick", "--model", model, "--out", str(out)]
+    """`python -m engine.runtime.profile --quick` into `out`, its progress lines logged as they come."""
+    cmd = [sys.executable, "-m", "engine.runtime.profile", "--quick", "--model", model, "--out", str(out)]
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
         for line in proc.stdout:

@@ -54,7 +54,7 @@ def valid_tp_degrees(cfg) -> tuple[int, ...]:
 def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
     """The planner's cost model, by `--planner.profile`: this machine's measured profile (auto, refresh:
     measured once per model and machine and cached, engine/runtime/profile_cache.py), a profile file, or the
-    analytic tables (none; and auto on a device bench.profile cannot measure). Logs one line saying which.
+    analytic tables (none; and auto on a device engine.runtime.profile cannot measure). Logs one line saying which.
 
     Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), so the launcher
     calls this before the ranks start (the workers wait for the coordinator's first role map for at most
@@ -79,7 +79,7 @@ def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
         if cost.profile.model != cfg.run.model or cost.profile.device != info.kind:
             raise ValueError(f"--planner.profile {mode} measured {cost.profile.model} on {cost.profile.device}, "
                              f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
-                             f"`python -m bench.profile --model {cfg.run.model}`, or pass --planner.profile auto")
+                             f"`python -m engine.runtime.profile --model {cfg.run.model}`, or pass --planner.profile auto")
         say("[libra] planner costs: the profile %s", mode)
         return cost
     cost = _analytic_cost_model(cfg.run.model, info.kind)
@@ -88,7 +88,7 @@ def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
         say("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
                  "ranks between training and rollout on shared cores, so the planner keeps the split")
     else:
-        say("[libra] planner costs: the analytic %s tables (bench.profile measures CPU runs only; pass "
+        say("[libra] planner costs: the analytic %s tables (engine.runtime.profile measures CPU runs only; pass "
                  "--planner.profile PATH for a measured one)", cost.hw.name)
     return cost
 

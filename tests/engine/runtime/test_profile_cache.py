@@ -24,7 +24,7 @@ CPU = DeviceInfo("cpu", 2)
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
-    """A real `bench.profile --quick` of tiny on this machine, cached in its own directory."""
+    """A real `engine.runtime.profile --quick` of tiny on this machine, cached in its own directory."""
     root = tmp_path_factory.mktemp("measured")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LIBRA_PROFILE_DIR", str(root))
@@ -118,7 +118,7 @@ def test_a_failed_measurement_raises_and_caches_nothing(cache):
 
 
 def test_the_measuring_subprocess_failure_names_the_fix(tmp_path):
-    fix = r"; run `python -m bench.profile --quick .*--planner.profile none to plan on the analytic tables"
+    fix = r"; run `python -m engine.runtime.profile --quick .*--planner.profile none to plan on the analytic tables"
     with pytest.raises(RuntimeError, match=r"profile failed \(exit 1\): ValueError: .*no-model-here.*" + fix):
         profile_cache.measure_quick(str(tmp_path / "no-model-here"), tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
