@@ -1,5 +1,9 @@
 """Plain data of the rollout engine: its config, requests, events and the migration state.
 
+`Phase` is where a request is in its turn loop, as every rollout backend tracks it (one enum,
+compared by member): ready (queued to join the batch), running (decoding), tool (its calls run on
+the tool pool, its KV parked), scoring (its turn loop ended; the env scores it).
+
 Invariants (tests/test_rollout*.py): every config error message names the value, the
 constraint and the fix; a `MigrationState` holds everything needed to resume a request on
 another instance by re-prefilling its token ids (it pickles; no tensors, no futures).
@@ -7,6 +11,7 @@ another instance by re-prefilling its token ids (it pickles; no tensors, no futu
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +19,15 @@ from scheduler.api import OutcomeState
 
 BACKENDS = ("torch", "vllm")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
+
+
+class Phase(enum.Enum):
+    """A request's place in its turn loop: READY -> RUNNING -> (TOOL -> READY ...) -> SCORING."""
+
+    READY = "ready"  # queued to join the batch (new, back from a tool, or interrupted by a weight update)
+    RUNNING = "running"  # decoding in the batch
+    TOOL = "tool"  # its turn ended with tool calls; they run on the tool pool, its KV is parked
+    SCORING = "scoring"  # its turn loop ended; the env scores it (or closes it unscored)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,7 @@ import torch
 from engine.chat import IM_END, TOOL_CALL_CLOSE, has_tool_call, parse_tool_calls, tool_response_encoder
 from engine.devices import empty_cache
 from engine.rollout.runner import BatchRunner
-from engine.rollout.api import Finished, MigrationState, Progress, RolloutConfig, RolloutRequest, ToolReturned
+from engine.rollout.api import Finished, MigrationState, Phase, Progress, RolloutConfig, RolloutRequest, ToolReturned
 from engine.trajectory import Trajectory
 
 __all__ = ["RolloutEngine", "RolloutConfig", "RolloutRequest", "MigrationState", "ToolReturned", "Progress", "Finished"]
@@ -65,7 +65,7 @@ class _Seq:
                                 turn_start=n, num_turns=1)
         self.st = st
         self.ids = st.token_ids
-        self.phase = "ready"  # ready | running | tool | scoring
+        self.phase = Phase.READY
         self.close_turn = True
         self.future: cf.Future | None = None
         self.timed_out = threading.Event()  # set when the engine stops waiting for this turn's tools
@@ -172,13 +172,13 @@ class RolloutEngine:
         self._forget(seq)
         if seq.future is not None and not seq.future.done():
             seq.future.add_done_callback(lambda _f: seq.req.episode.close())
-        elif seq.phase != "scoring":
+        elif seq.phase is not Phase.SCORING:
             self.pool.submit(seq.req.episode.close)
 
     def export(self, request_id: str) -> MigrationState:
         seq = self.seqs[request_id]
-        if seq.phase in ("tool", "scoring"):
-            raise ValueError(f"request {request_id} is in phase {seq.phase!r}; export it after its ToolReturned event (phase ready or running)")
+        if seq.phase in (Phase.TOOL, Phase.SCORING):
+            raise ValueError(f"request {request_id} is in phase {seq.phase.value!r}; export it after its ToolReturned event (phase ready or running)")
         del self.seqs[request_id]
         self._forget(seq)
         return seq.st
@@ -253,7 +253,7 @@ class RolloutEngine:
         running = list(self.runner.rows)
         self.runner.drop(running + list(self.runner.parked))
         for rid in reversed(running):
-            self.seqs[rid].phase = "ready"
+            self.seqs[rid].phase = Phase.READY
             self.ready.appendleft(rid)
         self.num_recomputed += len(running)
 
@@ -269,11 +269,11 @@ class RolloutEngine:
         for rid, seq in list(self.seqs.items()):
             if seq.future is None:
                 continue
-            if seq.phase == "tool" and not seq.future.done() and now - seq.started_s > self.cfg.tool_timeout_s:
+            if seq.phase is Phase.TOOL and not seq.future.done() and now - seq.started_s > self.cfg.tool_timeout_s:
                 self._tool_timeout(seq, events)
             elif seq.future.done():
                 fut, seq.future = seq.future, None
-                if seq.phase == "scoring":
+                if seq.phase is Phase.SCORING:
                     traj = self._trajectory(seq, self._reward(seq, fut))
                     traj.score_s = now - seq.started_s
                     events.append(Finished(rid, traj))
@@ -348,7 +348,7 @@ class RolloutEngine:
             return
         seq.st.num_turns += 1
         seq.st.turn_start = len(seq.ids)
-        seq.phase = "ready"
+        seq.phase = Phase.READY
         self.ready.append(rid)
 
     def _join(self, events: list) -> None:
@@ -362,21 +362,21 @@ class RolloutEngine:
         for rid, seq, (token, logprob) in zip(rids, seqs, self._sample(logits, seqs)):
             if self._advance(seq, token, logprob, events):
                 admitted.append(rid)
-            elif seq.phase != "tool":
+            elif seq.phase is not Phase.TOOL:
                 done.append(rid)
         if done:
             self.runner.drop(done)
         if admitted:
             self.runner.admit(admitted)
             for rid in admitted:
-                self.seqs[rid].phase = "running"
+                self.seqs[rid].phase = Phase.RUNNING
 
     def _decode(self, events: list) -> None:
         rows = list(self.runner.rows)
         logits = self.runner.decode([self.seqs[r].ids[-1] for r in rows])
         seqs = [self.seqs[r] for r in rows]
         leave = [r for r, s, (tok, lp) in zip(rows, seqs, self._sample(logits, seqs)) if not self._advance(s, tok, lp, events)]
-        parked = [r for r in leave if r in self.seqs and self.seqs[r].phase == "tool"]
+        parked = [r for r in leave if r in self.seqs and self.seqs[r].phase is Phase.TOOL]
         if parked:
             self.runner.park(parked)
         if finished := [r for r in leave if r not in parked]:
@@ -428,7 +428,7 @@ class RolloutEngine:
                 self._finish(seq, "max_turns")
                 return
             seq.close_turn = not by_eos
-            seq.phase = "tool"
+            seq.phase = Phase.TOOL
             seq.started_s = time.monotonic()
             seq.timed_out = threading.Event()
             seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out, self._render(seq))
@@ -437,7 +437,7 @@ class RolloutEngine:
 
     def _finish(self, seq: _Seq, reason: str, *, score: bool = True) -> None:
         seq.finish_reason = reason
-        seq.phase = "scoring"
+        seq.phase = Phase.SCORING
         seq.started_s = time.monotonic()
         seq.future = self.pool.submit(_score_and_close, seq.req.episode, seq.final_text, score)
 

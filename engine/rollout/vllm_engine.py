@@ -66,7 +66,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.rollout.engine import RolloutEngine
-from engine.rollout.api import RolloutConfig
+from engine.rollout.api import Phase, RolloutConfig
 
 __all__ = ["VllmRolloutEngine", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "visible_devices_env", "VLLM_FIX"]
 
@@ -303,7 +303,7 @@ class VllmRolloutEngine(RolloutEngine):
             seq = self.seqs[rid]
             salt = self.runner.parked.get(rid, f"v{self.policy_version}")
             self.runner.submit(rid, seq.ids, self._params(seq), salt)
-            seq.phase = "running"
+            seq.phase = Phase.RUNNING
 
     def _decode(self, events: list) -> None:
         leave = []
@@ -320,7 +320,7 @@ class VllmRolloutEngine(RolloutEngine):
                 leave.append(rid)
         for rid in leave:
             seq = self.seqs.get(rid)
-            if seq is not None and seq.phase == "tool":
+            if seq is not None and seq.phase is Phase.TOOL:
                 self.runner.park([rid])
             else:
                 self.runner.drop([rid])
@@ -351,7 +351,7 @@ class VllmRolloutEngine(RolloutEngine):
         running = list(self.runner.rows)
         self.runner.park(running)  # their KV stays cached under their salt
         for rid in reversed(running):
-            self.seqs[rid].phase = "ready"
+            self.seqs[rid].phase = Phase.READY
             self.ready.appendleft(rid)
         self._num_requeued = len(running)
 
