@@ -2,7 +2,9 @@
 
 Messages travel as pickles through the store mailbox (`engine/runtime/control.py`); both sides dispatch
 on the class with `match`. Global rank 0 is the coordinator; worker i (the index role maps use)
-is global rank `to_global(i)`.
+is global rank `to_global(i)`. The kinds inside messages are enums defined here once: `EnvOp`
+(what an `EnvCall` asks of the episode) and `Tick` (what a TP instance's leader tells its
+followers to do next, broadcast over the instance's group by engine/runtime/worker.py).
 
     coordinator -> rollout leader       Add, Export, Cancel               (point to point)
     coordinator -> worker               EnvResult                         (answers an EnvCall)
@@ -22,11 +24,13 @@ Who replies what:
 
 Invariants (tests/engine/runtime/test_control.py): every message round-trips through a real store mailbox
 equal to what was sent; messages from one sender arrive in order and exactly once; global and
-worker ranks convert both ways.
+worker ranks convert both ways. An `EnvCall`'s op is always an `EnvOp` (a plain string is converted,
+an unknown one refused).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +46,24 @@ def to_global(worker: int) -> int:
 def to_worker(global_rank: int) -> int:
     assert global_rank >= WORKER_OFFSET, f"global rank {global_rank} is the coordinator, not a worker"
     return global_rank - WORKER_OFFSET
+
+
+class EnvOp(str, enum.Enum):
+    """What an `EnvCall` asks of a request's episode (a str, so it logs and compares as its value)."""
+
+    EXECUTE = "execute"  # run one tool call -> EnvResult(ToolResult)
+    SCORE = "score"  # score the final text -> EnvResult(reward)
+    CLOSE = "close"  # close the episode; no reply
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Tick(enum.Enum):
+    """Leader -> followers of a TP instance, before each thing every rank of it must do together."""
+
+    STEP = "step"  # one engine step: the followers replay the leader's KV ops
+    MAILBOX = "mailbox"  # a collective command: each follower reads it from its own mailbox
 
 
 # ---- coordinator -> rollout leader ------------------------------------------------------------
@@ -145,8 +167,11 @@ class EnvCall:
 
     call_id: int  # -1 for close (no reply)
     request_id: str
-    op: str  # execute | score | close
+    op: EnvOp
     arg: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", EnvOp(self.op))  # "execute" -> EnvOp.EXECUTE; ValueError for an unknown op
 
 
 @dataclass(frozen=True)

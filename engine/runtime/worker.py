@@ -6,8 +6,8 @@ Loop of a worker (global rank >= 1):
      ones that every concerned rank receives: `Train`, `Sync`, `Save`, `ApplyRoleMap`, `Stop`;
   2. if it leads a rollout instance: one `RolloutEngine.step()`, events sent to the coordinator;
   3. meanwhile a thread beats (wall time + role) on the store (`engine.runtime.control.Heartbeat`).
-Followers of a TP instance sit in a tick loop: the leader broadcasts "step" before each engine
-step (the followers replay its KV ops) or "mailbox" before a collective command, so every rank
+Followers of a TP instance sit in a tick loop: the leader broadcasts `Tick.STEP` before each engine
+step (the followers replay its KV ops) or `Tick.MAILBOX` before a collective command, so every rank
 of the instance enters the same collective at the same time. With `--rollout.backend vllm` an
 instance's engine is a `VllmRolloutEngine` (engine/rollout/vllm_engine.py) on its leader, over the model
 saved as a directory, with one vLLM worker per rank of the instance (`tensor_parallel_size` = its
@@ -35,7 +35,6 @@ import itertools
 import json
 import logging
 import os
-import resource
 import threading
 import time
 from pathlib import Path
@@ -43,12 +42,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine.devices import peak_memory_mb
 from engine.runtime import protocol as msg
 from engine.runtime.control import Heartbeat
 from engine.runtime.groups import GroupManager, Groups
 from engine.runtime.launch import RankContext
 from engine.precision import precision_for
-from engine.runtime.protocol import COORDINATOR, WORKER_OFFSET, to_global, to_worker
+from engine.runtime.protocol import COORDINATOR, WORKER_OFFSET, EnvOp, Tick, to_global, to_worker
 from engine.runtime.weights import WeightReceiver, WeightSender, manifest
 from scheduler.systems import get_system
 
@@ -65,7 +65,7 @@ class ToolLink:
         self._waiting: dict[int, cf.Future] = {}
         self._lock = threading.Lock()
 
-    def call(self, request_id: str, op: str, arg):
+    def call(self, request_id: str, op: EnvOp, arg):
         fut: cf.Future = cf.Future()
         with self._lock:
             call_id = next(self._ids)
@@ -104,17 +104,13 @@ class RemoteEpisode:
         self.link, self.request_id = link, request_id
 
     def execute(self, call):
-        return self.link.call(self.request_id, "execute", call)
+        return self.link.call(self.request_id, EnvOp.EXECUTE, call)
 
     def score(self, final_text: str) -> float:
-        return self.link.call(self.request_id, "score", final_text)
+        return self.link.call(self.request_id, EnvOp.SCORE, final_text)
 
     def close(self) -> None:
-        self.link.mailbox.send(COORDINATOR, msg.EnvCall(-1, self.request_id, "close", None))
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        self.link.mailbox.send(COORDINATOR, msg.EnvCall(-1, self.request_id, EnvOp.CLOSE, None))
 
 
 def offload_rollout_for_training(colocated: bool, device_type: str) -> bool:
@@ -255,7 +251,7 @@ class Worker:
         """A TP rank that replays its leader's engine steps (torch backend; a vLLM follower only lends its device)."""
         return self.instance is not None and self.instance.ranks[0] != self.idx and self.engine is not None
 
-    def _tick(self, what: str | None) -> str:
+    def _tick(self, what: Tick | None) -> Tick:
         """Leader -> followers of this TP instance: what every rank does next."""
         group = self.groups.tp.get(self.instance.instance_id)
         if group is None:
@@ -273,7 +269,7 @@ class Worker:
             while True:
                 if self.tp_follower:
                     tick = self._tick(None)
-                    if tick == "step":
+                    if tick is Tick.STEP:
                         self.engine.step()
                         continue
                     _, command = self.mailbox.recv(timeout_s=self.cfg.launch.rank_timeout_s, expect_from="the coordinator")
@@ -285,19 +281,19 @@ class Worker:
                 self._rollout_step()
         finally:
             heartbeat.stop()
-        return {"rank": self.ctx.rank, "peak_rss_mb": peak_rss_mb(), **self.stats}
+        return {"rank": self.ctx.rank, "peak_rss_mb": peak_memory_mb().host_mb, **self.stats}
 
     def _rollout_step(self) -> None:
         if self.engine is None or not self.tp_leader:
             time.sleep(0.002)
             return
         if self.engine.idle:
-            self._tick("step")  # followers keep replaying even while idle
+            self._tick(Tick.STEP)  # followers keep replaying even while idle
             self.engine.step()
             time.sleep(0.002)
             return
         t0 = time.perf_counter()
-        self._tick("step")
+        self._tick(Tick.STEP)
         events = self.engine.step()
         self.stats["engine_steps"] += 1
         if self.engine.num_running:
@@ -323,7 +319,7 @@ class Worker:
                         self.engine.cancel(rid)
                 case _:
                     if self.tp_leader:
-                        self._tick("mailbox")
+                        self._tick(Tick.MAILBOX)
                     if self._collective(command):
                         return True
         return False
