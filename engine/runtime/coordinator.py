@@ -264,9 +264,9 @@ class Coordinator:
                     self._send_exports([e for e in [self.core.on_decode(rid, tokens, now)] if e])
 
     def _on_env_call(self, src: int, call: msg.EnvCall) -> None:
-        episode = self.episodes.pop(call.request_id, None) if call.op == "close" else self.episodes.get(call.request_id)
+        episode = self.episodes.pop(call.request_id, None) if call.op is msg.EnvOp.CLOSE else self.episodes.get(call.request_id)
         if episode is None:
-            if call.op != "close":
+            if call.op is not msg.EnvOp.CLOSE:
                 # a late call of a tool thread the engine stopped waiting for, after its episode closed:
                 # answered (nobody waits for it any more), never a crash of the coordinator
                 from envs.base import ToolInfraError
@@ -280,10 +280,10 @@ class Coordinator:
         from envs.base import Reward, ToolInfraError, failure
 
         try:
-            if call.op == "close":
+            if call.op is msg.EnvOp.CLOSE:
                 episode.close()
                 return
-            value = episode.execute(call.arg) if call.op == "execute" else episode.score(call.arg)
+            value = episode.execute(call.arg) if call.op is msg.EnvOp.EXECUTE else episode.score(call.arg)
             reply = msg.EnvResult(call.call_id, True, value)
         except ToolInfraError as exc:
             reply = msg.EnvResult(call.call_id, False, exc)
@@ -291,7 +291,7 @@ class Coordinator:
             log.warning("[libra coordinator] env %s raised %s for %s: %s", call.op, type(exc).__name__, call.request_id,
                         str(exc)[:200], exc_info=True)
             value = (failure(getattr(call.arg, "name", "<parse>"), f"the tool raised {type(exc).__name__}: {str(exc)[:300]}")
-                     if call.op == "execute" else Reward(0.0, "score_error"))
+                     if call.op is msg.EnvOp.EXECUTE else Reward(0.0, "score_error"))
             reply = msg.EnvResult(call.call_id, True, value)
         self.mailbox.send(src, reply)
 
