@@ -10,10 +10,11 @@ For each model and context length L the benchmark trains one GRPO step on a batc
   +ckpt     chunked, plus activation checkpointing of every decoder layer
   +packed   chunked, checkpointed, and packed micro-batches instead of padded ones
 
-Peak memory is the process's peak RSS during the step (VmHWM, reset through /proc/self/clear_refs
-just before it) minus its RSS before it: what the step adds to the loaded model. The first step
-also allocates AdamW's two moments (2 x 4 bytes per parameter), the same in every configuration.
-`proc` is the process's own peak RSS (model, gradients, optimizer and runtime included).
+Peak memory is the process's peak RSS during the step (`engine.devices.peak_memory_mb` after a
+`reset_peak_memory()` just before it: VmHWM, reset through /proc/self/clear_refs) minus its RSS
+before it: what the step adds to the loaded model. The first step also allocates AdamW's two
+moments (2 x 4 bytes per parameter), the same in every configuration. `proc` is the process's own
+peak RSS (model, gradients, optimizer and runtime included).
 tokens/s counts the batch's tokens over the step's wall time (one step, no warm-up: a long step
 is dominated by its compute); with `--rounds R` the configurations alternate R times and each
 keeps its fastest step (this machine's speed drifts by tens of percent). A configuration whose whole-logits tensors alone would exceed
@@ -45,14 +46,6 @@ CONFIGS = {  # the chunked ones use TrainerConfig's default chunk
     "+packed": {"pack_sequences": True, "activation_checkpointing": "on"},
 }
 WIDE_VOCAB = 151_936
-
-
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _model(name: str):
@@ -92,6 +85,7 @@ def run_one(spec: dict) -> dict:
     """In this process: build the model and trainer, then time one step and measure what it adds."""
     import torch
 
+    from engine.devices import peak_memory_mb, reset_peak_memory, rss_mb
     from engine.trainer.trainer import Trainer, TrainerConfig
 
     torch.set_num_threads(spec["threads"])
@@ -99,13 +93,14 @@ def run_one(spec: dict) -> dict:
     vocab = model.config.vocab_size
     trainer = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=spec["context"], **CONFIGS[spec["config"]]))
     trajs = batch(spec["context"], vocab)
-    before = _rss_mb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
+    before = rss_mb()
+    if not reset_peak_memory():
+        raise RuntimeError("cannot reset this process's peak RSS (/proc/self/clear_refs): the step's peak is unmeasurable here")
     start = time.perf_counter()
     metrics = trainer.train_step(trajs, 0)
     elapsed = time.perf_counter() - start
-    return {"peak_mb": _rss_mb("VmHWM") - before, "process_peak_mb": _rss_mb("VmHWM"), "tokens_per_s": metrics["train/tokens"] / elapsed, "step_s": elapsed,
+    peak = peak_memory_mb().host_mb
+    return {"peak_mb": peak - before, "process_peak_mb": peak, "tokens_per_s": metrics["train/tokens"] / elapsed, "step_s": elapsed,
             "micro_batches": metrics["train/micro_batches"], "loss": metrics["train/loss"], "vocab": vocab}
 
 

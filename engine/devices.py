@@ -13,9 +13,18 @@ and ranks beyond the device count share them. A group whose members share a devi
 (`group_backend`), and a trainer or TP group that would share one is refused
 (`check_compute_group`), because NCCL/HCCL allow one rank per device in a communicator.
 
+Peak memory has one measurer, `peak_memory_mb(device)`: this process's peak host resident set and
+its device allocator's peak, in MB (2**20 bytes). The host peak is the kernel's (getrusage
+ru_maxrss: the process's whole life, the image it was exec'd from included) until
+`reset_peak_memory()` opens a window; from then on it is the peak since the reset (VmHWM, which
+the reset lowers through /proc/self/clear_refs). The workers' and the launcher's `peak_rss_mb*`
+in summary.json and bench/trainer_memory.py's peaks all come from it.
+
 Invariants (tests/engine/test_devices.py): asking for a device that is absent raises RuntimeError with
 the fix; `auto` on a machine without accelerators is cpu/gloo; the backend string always has
-gloo; the device per rank and the backend per group follow the rules above.
+gloo; the device per rank and the backend per group follow the rules above; the host peak is
+ru_maxrss until a reset, then rises with what is touched after it; the device peak is 0 on CPU
+and the allocator's peak on an accelerator.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import glob
 import importlib.util
 import logging
 import os
+import resource
 import socket
 from dataclasses import dataclass
 
@@ -183,3 +193,61 @@ def trim_host_heap() -> bool:
         return False
     _MALLOC_TRIM[0](0)
     return True
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """This process's peak memory in MB: `host_mb` its resident set, `device_mb` its accelerator allocator's."""
+
+    host_mb: float
+    device_mb: float = 0.0
+
+
+_PEAK_WINDOW: list[bool] = []  # [True] once reset_peak_memory lowered this process's VmHWM
+
+
+def _proc_status_mb(field: str) -> float:
+    """A kB field of /proc/self/status (VmRSS, VmHWM) in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _accelerator(device: torch.device | str | None):
+    """torch.cuda or torch.npu for an accelerator device; None for the CPU (or no device)."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    return {"cuda": getattr(torch, "cuda", None), "npu": getattr(torch, "npu", None)}.get(kind)
+
+
+def peak_memory_mb(device: torch.device | str | None = None) -> PeakMemory:
+    """Peak host RSS of this process (ru_maxrss; after `reset_peak_memory`, the peak since then) and the
+    device allocator's peak (`max_memory_allocated`; 0.0 for the CPU or no device), in MB."""
+    if _PEAK_WINDOW:
+        host = _proc_status_mb("VmHWM")
+    else:
+        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    acc = _accelerator(device)
+    return PeakMemory(host, acc.max_memory_allocated(device) / 2**20 if acc is not None else 0.0)
+
+
+def reset_peak_memory(device: torch.device | str | None = None) -> bool:
+    """Start a new peak window: the host peak restarts at the current RSS (/proc/self/clear_refs), the
+    device's at what it holds now. False where the host peak cannot be reset (no /proc)."""
+    acc = _accelerator(device)
+    if acc is not None:
+        acc.reset_peak_memory_stats(device)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return False
+    if not _PEAK_WINDOW:
+        _PEAK_WINDOW.append(True)
+    return True
+
+
+def rss_mb() -> float:
+    """This process's resident set now, in MB (/proc/self/status VmRSS)."""
+    return _proc_status_mb("VmRSS")

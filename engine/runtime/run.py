@@ -16,13 +16,12 @@ import dataclasses
 import json
 import logging
 import os
-import resource
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.runtime import checkpoint
-from engine.devices import DeviceInfo, detect, rank_device
+from engine.devices import DeviceInfo, detect, peak_memory_mb, rank_device
 from engine.runtime.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
 from runlog import RunWriter
 from scheduler.layout import RoleMap
@@ -244,7 +243,7 @@ def _write_summary(results: list, out_dir: Path) -> None:
     summary = results[0]
     ranks = results[1:]
     summary["peak_rss_mb"] = max([r["peak_rss_mb"] for r in ranks] + [0.0])
-    summary["peak_rss_mb_total"] = sum(r["peak_rss_mb"] for r in ranks) + resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary["peak_rss_mb_total"] = sum(r["peak_rss_mb"] for r in ranks) + peak_memory_mb().host_mb
     summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
     RunWriter(out_dir).summary(summary)
     print_summary(summary, out_dir)

@@ -1,4 +1,4 @@
-"""Device detection: CPU fallback, clear errors for absent devices, backend strings."""
+"""Device detection: CPU fallback, clear errors for absent devices, backend strings; peak memory."""
 
 import pytest
 import torch
@@ -82,3 +82,61 @@ def test_trimming_the_host_heap_gives_freed_pages_back():
     after = psutil.Process().memory_info().rss
     assert last.sum() > 0
     assert after < held - 200 * 2**20, (before >> 20, held >> 20, after >> 20)
+
+
+# ---- peak memory: one measurer for the host RSS peak and the device allocator's peak -----------
+def test_peak_memory_is_the_kernels_lifetime_peak_and_zero_on_the_device_of_a_cpu():
+    """Until a reset the host peak is getrusage's ru_maxrss, what summary.json's peak_rss_mb always was."""
+    import resource
+
+    from engine.devices import peak_memory_mb
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    peak = peak_memory_mb()
+    assert before <= peak.host_mb <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    assert peak.device_mb == 0.0 and peak_memory_mb(torch.device("cpu")).device_mb == 0.0
+
+
+WINDOW = """
+import json, torch
+from engine.devices import peak_memory_mb, reset_peak_memory, rss_mb
+big = torch.ones(64 << 20)  # 256 MB, touched
+del big
+lifetime = peak_memory_mb().host_mb
+if not reset_peak_memory():
+    raise SystemExit(3)
+after_reset, now = peak_memory_mb().host_mb, rss_mb()
+mid = torch.ones(32 << 20)  # 128 MB, touched
+print(json.dumps([lifetime, after_reset, now, peak_memory_mb().host_mb, float(mid[0])]))
+"""
+
+
+def test_a_reset_opens_a_peak_window():
+    """After reset_peak_memory the host peak restarts at the RSS of now and rises with what is touched after."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", WINDOW], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])  # its own process: a reset here would change pytest's
+    if proc.returncode == 3:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert proc.returncode == 0, proc.stderr
+    lifetime, after_reset, now, later, _ = json.loads(proc.stdout.splitlines()[-1])
+    assert after_reset < lifetime - 200 and abs(after_reset - now) < 32
+    assert later > now + 100
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_device_peak_is_the_allocators(monkeypatch):
+    from engine import devices
+    from engine.devices import peak_memory_mb, reset_peak_memory
+
+    monkeypatch.setattr(devices, "_PEAK_WINDOW", [])  # the reset's host window stays this test's
+    dev = torch.device("cuda", 0)
+    x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    assert peak_memory_mb(dev).device_mb >= 64
+    del x
+    reset_peak_memory(dev)
+    assert peak_memory_mb(dev).device_mb < 64
