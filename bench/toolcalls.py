@@ -25,9 +25,10 @@ import torch
 
 from engine.chat import IM_END
 from engine.models import load_policy, render_prompt
-from envs.base import ToolCall, parse_tool_calls, validate_call
+from envs.base import validate_call
 from envs.demo import add_demo_turns
 from envs.registry import make_env, scripted_agents
+from envs.toolcalls import ToolCall, parse_tool_calls
 
 MAX_NEW_TOKENS = {"swe": 160}  # a level-0 swe call quotes two lines of code; the others fit in 64
 

@@ -19,11 +19,16 @@ A local checkpoint whose own chat template knows `tools` (Qwen2.5, Qwen3) is ren
 so a real model sees exactly the format it was trained on; every other tokenizer (tiny,
 SmolLM2) uses the text template below.
 
+The tool-call format itself (the tags, writing, detecting and parsing a call, the wrapper of a tool's
+output) lives in envs/toolcalls.py; this module imports it (and re-exports the tag names, `has_tool_call`
+and the engine's `parse_tool_calls`) and only renders it: as text, as a Jinja chat template, as tokens.
+
 Invariants (tests/engine/test_models.py, tests/engine/rollout/test_rollout.py): the special strings are single tokens of
 the tiny tokenizer; `render_prompt` ends with the assistant generation prompt; prompt + response
 token ids decode back to the rendered text; an encoded tool response never exceeds its `room`, a
 body never exceeds the per-call cap, a cut body ends with the note, and special-token text in a
-body never yields a special-token id.
+body never yields a special-token id; the text and Jinja templates write calls and tool responses exactly as
+envs/toolcalls.py does (tests/envs/test_toolcalls.py).
 """
 
 from __future__ import annotations
@@ -32,12 +37,22 @@ import json
 import threading
 import weakref
 
+from envs.toolcalls import (
+    CALL_CLOSE as TOOL_CALL_CLOSE,
+    CALL_OPEN as TOOL_CALL_OPEN,
+    RESPONSE_CLOSE as TOOL_RESPONSE_CLOSE,
+    RESPONSE_HEAD,
+    RESPONSE_OPEN as TOOL_RESPONSE_OPEN,
+    RESPONSE_TAIL,
+    ToolCallError,
+    format_tool_call,
+    has_tool_call,  # re-exported: the rollout engine and bench/rollout.py take it from here
+    parse_tool_calls as _parse_tool_calls,
+    wrap_tool_response,
+)
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-TOOL_RESPONSE_OPEN = "<tool_response>"
-TOOL_RESPONSE_CLOSE = "</tool_response>"
 SPECIAL_STRINGS = (IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
 
 _TOOLS_HEADER = (
@@ -46,8 +61,8 @@ _TOOLS_HEADER = (
 )
 _TOOLS_FOOTER = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    f"within {TOOL_CALL_OPEN}{TOOL_CALL_CLOSE} XML tags:\n{TOOL_CALL_OPEN}\n"
+    f'{{"name": <function-name>, "arguments": <args-json-object>}}\n{TOOL_CALL_CLOSE}'
 )
 
 
@@ -67,12 +82,12 @@ HERMES_CHAT_TEMPLATE = (
     "{%- if ns.system -%}{{ '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' }}{%- endif -%}"
     "{%- for m in ns.msgs -%}"
     "{%- if m['role'] == 'tool' -%}"
-    "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{{ '<|im_start|>user\\n" + TOOL_RESPONSE_OPEN + "\\n' + m['content'] + '\\n" + TOOL_RESPONSE_CLOSE + "<|im_end|>\\n' }}"
     "{%- else -%}"
     "{%- set ns.content = m['content'] or '' -%}"
     "{%- for call in m.get('tool_calls', []) -%}{%- set fn = call.get('function', call) -%}"
-    "{%- set ns.content = ns.content + ('\\n' if ns.content else '') + '<tool_call>\\n{\"name\": ' + (fn['name'] | tojson)"
-    " + ', \"arguments\": ' + (fn.get('arguments', {}) | tojson) + '}\\n</tool_call>' -%}"
+    "{%- set ns.content = ns.content + ('\\n' if ns.content else '') + '" + TOOL_CALL_OPEN + "\\n{\"name\": ' + (fn['name'] | tojson)"
+    " + ', \"arguments\": ' + (fn.get('arguments', {}) | tojson) + '}\\n" + TOOL_CALL_CLOSE + "' -%}"
     "{%- endfor -%}"
     "{{ '<|im_start|>' + m['role'] + '\\n' + ns.content + '<|im_end|>\\n' }}"
     "{%- endif -%}"
@@ -83,10 +98,6 @@ HERMES_CHAT_TEMPLATE = (
 
 def tools_block(tools) -> str:
     return _TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_FOOTER
-
-
-def format_tool_call(name: str, arguments: dict) -> str:
-    return f"{TOOL_CALL_OPEN}\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + f"\n{TOOL_CALL_CLOSE}"
 
 
 def render_text(messages, tools) -> str:
@@ -102,12 +113,12 @@ def render_text(messages, tools) -> str:
         out.append(f"{IM_START}system\n{system}{IM_END}\n")
     for m in messages:
         if m["role"] == "tool":
-            out.append(f"{IM_START}user\n{TOOL_RESPONSE_OPEN}\n{m['content']}\n{TOOL_RESPONSE_CLOSE}{IM_END}\n")
+            out.append(f"{IM_START}user\n{wrap_tool_response(m['content'])}{IM_END}\n")
             continue
         content = m.get("content") or ""
         for call in m.get("tool_calls", ()):
             fn = call.get("function", call)
-            content += ("\n" if content else "") + format_tool_call(fn["name"], fn.get("arguments", {}))
+            content += ("\n" if content else "") + format_tool_call(fn["name"], fn.get("arguments", {}), template=True)
         out.append(f"{IM_START}{m['role']}\n{content}{IM_END}\n")
     out.append(f"{IM_START}assistant\n")
     return "".join(out)
@@ -131,7 +142,7 @@ def tool_response_text(texts, *, close_turn: bool = True) -> str:
     The one boundary where tool output becomes model input: it is made valid Unicode here."""
     if isinstance(texts, str):
         texts = [texts]
-    body = "\n".join(f"{TOOL_RESPONSE_OPEN}\n{valid_text(t)}\n{TOOL_RESPONSE_CLOSE}" for t in texts)
+    body = "\n".join(wrap_tool_response(valid_text(t)) for t in texts)
     head = IM_END + "\n" if close_turn else "\n"
     return f"{head}{IM_START}user\n{body}{IM_END}\n{IM_START}assistant\n"
 
@@ -184,7 +195,7 @@ class ToolResponseEncoder:
 
         self._plain = _plain_encoder(tokenizer)
         self._head = {True: enc(f"{IM_END}\n{IM_START}user\n"), False: enc(f"\n{IM_START}user\n")}
-        self._open, self._close, self._sep = enc(f"{TOOL_RESPONSE_OPEN}\n"), enc(f"\n{TOOL_RESPONSE_CLOSE}"), enc("\n")
+        self._open, self._close, self._sep = enc(RESPONSE_HEAD), enc(RESPONSE_TAIL), enc("\n")
         self._tail = enc(f"{IM_END}\n{IM_START}assistant\n")
 
     def encode(self, texts, *, close_turn: bool = True, room: int | None = None, max_tokens_per_call: int | None = None) -> list[int]:
@@ -241,14 +252,9 @@ def render_tool_response(tokenizer, text, *, close_turn: bool = True) -> list[in
     return tool_response_encoder(tokenizer).encode(text, close_turn=close_turn)
 
 
-def has_tool_call(text: str) -> bool:
-    return TOOL_CALL_OPEN in text
-
-
 def parse_tool_calls(text: str):
-    """Hermes tool calls in `text` as `ToolCall | ToolCallError`; never raises (envs owns the parser)."""
-    from envs.base import ToolCallError, parse_tool_calls as env_parse
-
-    calls = env_parse(text)
+    """Hermes tool calls in `text` as `ToolCall | ToolCallError`; never raises (envs/toolcalls.py owns the parser)."""
+    calls = _parse_tool_calls(text)
     # the engine only asks when the text holds a <tool_call> tag, so there is always a call to answer
-    return calls or [ToolCallError(message="no parseable tool call; write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>", raw=text)]
+    return calls or [ToolCallError(message=f'no parseable tool call; write {TOOL_CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{TOOL_CALL_CLOSE}',
+                                   raw=text)]

@@ -2,9 +2,9 @@
 
 An `Env` owns a set of `Task`s. The rollout engine starts one `Episode` per trajectory, feeds it
 every tool call the model writes (parsed from the Hermes format
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), appends each `ToolResult.text` to the
-conversation inside `<tool_response>...</tool_response>`, and when the model stops calling tools
-(or a tool result says `done`) asks the episode for the reward.
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, envs/toolcalls.py), appends each
+`ToolResult.text` to the conversation inside `<tool_response>...</tool_response>`, and when the
+model stops calling tools (or a tool result says `done`) asks the episode for the reward.
 
 Threading: the engine runs `Episode.execute` on a worker thread, off the decode loop. Calls on
 one episode never overlap; calls on different episodes do.
@@ -15,7 +15,7 @@ sees. `ToolInfraError` is for the environment itself breaking (sandbox cannot st
 full): the trajectory is dropped with a counted reason, never scored 0.
 
 Helpers every env shares: `parse_tool_calls` (Hermes tags -> ToolCall | ToolCallError, in
-order), `validate_call` (a call against the task's OpenAI schemas: unknown tool, missing, extra
+order; re-exported with both types from envs/toolcalls.py, the format's one home), `validate_call` (a call against the task's OpenAI schemas: unknown tool, missing, extra
 or wrong-typed arguments, oversized strings), `dispatch` (parse error / validation / handler ->
 ToolResult), `tool_schema` (concise schema builder), `system_prompt`, and `run_scripted` (drives
 an env with scripted assistant messages for tests and workload profiles).
@@ -33,13 +33,17 @@ size, status, thresholds); text without `<tool_call>` parses to [].
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+# the call format lives in envs/toolcalls.py; the parsed types, the parser and its depth limit are re-exported here
+from envs.toolcalls import (
+    MAX_ARG_DEPTH, RESPONSE_CLOSE, RESPONSE_OPEN, ToolCall, ToolCallError, bad_unicode, parse_tool_calls, preview,
+    safe_text,
+)
 from scheduler.api import OutcomeState
 
 logger = logging.getLogger(__name__)
@@ -79,21 +83,6 @@ class Task:
     answer: Any = None  # hidden checker data, JSON-able (never shown to the policy)
     level: int = 0  # difficulty, 0 = easiest
     meta: dict = field(default_factory=dict)  # anything else JSON-able (source file, hops, ...)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict
-    raw: str = ""  # the text between the tags, as the model wrote it
-
-
-@dataclass(frozen=True)
-class ToolCallError:
-    """A tool call that could not be parsed; the engine turns it into a failure result."""
-
-    message: str  # what is wrong and what a valid call looks like
-    raw: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,12 +139,9 @@ class Env(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# Hermes tool-call parsing, schema validation and the shared dispatch/driver helpers.
+# Schema validation and the shared dispatch/driver helpers (the call format: envs/toolcalls.py).
 # --------------------------------------------------------------------------------------------
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-MAX_ARG_DEPTH = 32  # deeper arguments are refused: nothing needs them, and they overflow pickling on the way to the tools
-CALL_FORMAT_HINT = '<tool_call>{"name": "<tool>", "arguments": {"<arg>": <value>}}</tool_call>'
 _JSON_TYPES = {
     "string": (str,),
     "integer": (int,),
@@ -164,104 +150,6 @@ _JSON_TYPES = {
     "array": (list,),
     "object": (dict,),
 }
-_PREVIEW_CHARS = 80
-
-
-def _preview(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
-
-
-def _bad_unicode(value: Any, depth: int = 0) -> str | None:
-    """The first string in `value` that is not valid Unicode (a lone surrogate such as "\\ud800")."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value
-        return None
-    if depth > 64:  # json.loads already refused deeper nesting than the recursion limit
-        return None
-    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for item in items:
-        for v in item if isinstance(value, dict) else (item,):
-            bad = _bad_unicode(v, depth + 1)
-            if bad is not None:
-                return bad
-    return None
-
-
-def _loads(raw: str) -> tuple[Any, str | None]:
-    """(object, None) or (None, why): JSON the model wrote, never an exception."""
-    try:
-        return json.loads(raw), None
-    except (ValueError, RecursionError) as e:  # ValueError: bad JSON, or an int of more than 4300 digits
-        return None, f"{e.__class__.__name__}: {str(e)[:160]}"
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value (iterative: a value may be nested past the recursion limit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        deepest = max(deepest, d)
-        if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
-    return deepest
-
-
-def _parse_one(raw: str) -> ToolCall | ToolCallError:
-    obj, why = _loads(raw)
-    if why is not None:
-        return ToolCallError(message=f"tool call is not valid JSON ({why}); expected {CALL_FORMAT_HINT}", raw=raw)
-    depth = _depth(obj)
-    if depth > MAX_ARG_DEPTH + 1:
-        return ToolCallError(message=f"tool call arguments are nested {depth - 1} levels deep; the limit is {MAX_ARG_DEPTH}",
-                             raw=raw[:200])
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ToolCallError(message=f"tool call needs a JSON object with a string 'name'; expected {CALL_FORMAT_HINT}", raw=raw)
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        # Some chat templates serialise arguments as a JSON string; accept that spelling too.
-        parsed, why = _loads(args) if args.strip() else ({}, None)
-        if why is None:
-            args = parsed
-    if not isinstance(args, dict):
-        return ToolCallError(message=f"'arguments' of tool '{_preview(_safe(obj['name']))}' must be a JSON object, got {type(args).__name__}", raw=raw)
-    if _depth(args) > MAX_ARG_DEPTH:  # arguments given as a JSON string are only parsed here
-        return ToolCallError(message=f"tool call arguments are nested {_depth(args)} levels deep; the limit is {MAX_ARG_DEPTH}",
-                             raw=raw[:200])
-    if _bad_unicode(obj["name"]) is not None or _bad_unicode(args) is not None:
-        return ToolCallError(message="tool call holds a lone surrogate escape (e.g. \\ud800), which is not valid Unicode; write plain text", raw=raw)
-    return ToolCall(name=obj["name"], arguments=args, raw=raw)
-
-
-def _safe(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def parse_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
-    """All Hermes tool calls in `text`, in order; [] when it holds no `<tool_call>` tag.
-
-    Linear in len(text): each call is the text from an opening tag to the first closing tag
-    after it (what a non-greedy regex matches, without its quadratic retries on unclosed tags).
-    """
-    out: list[ToolCall | ToolCallError] = []
-    end = 0
-    while (start := text.find(CALL_OPEN, end)) >= 0:
-        close = text.find(CALL_CLOSE, start + len(CALL_OPEN))
-        if close < 0:  # no closing tag after this one means none after any later one either
-            break
-        out.append(_parse_one(text[start + len(CALL_OPEN):close]))
-        end = close + len(CALL_CLOSE)
-    tail = text[end:]
-    if CALL_OPEN in tail:
-        # An unterminated call (the model hit max_tokens or forgot the tag) still counts as one.
-        raw = tail.split(CALL_OPEN, 1)[1]
-        out.append(ToolCallError(message=f"tool call is missing its closing </tool_call> tag: {_preview(raw)!r}", raw=raw))
-    return out
 
 
 def tool_schema(name: str, description: str, params: dict[str, tuple[str, str]], required: tuple[str, ...] | list[str] | None = None) -> dict:
@@ -288,10 +176,10 @@ def validate_call(call: ToolCall, tools: tuple[dict, ...] | list[dict], *, max_a
     by_name = {t["function"]["name"]: t["function"] for t in tools}
     fn = by_name.get(call.name)
     if fn is None:
-        return f"unknown tool {_preview(_safe(call.name))!r}; available tools: {', '.join(sorted(by_name)) or '(none)'}"
-    bad = _bad_unicode(call.arguments)
+        return f"unknown tool {preview(safe_text(call.name))!r}; available tools: {', '.join(sorted(by_name)) or '(none)'}"
+    bad = bad_unicode(call.arguments)
     if bad is not None:
-        return f"tool {call.name!r} got text with a lone surrogate ({_preview(ascii(bad))}), which is not valid Unicode; write plain text"
+        return f"tool {call.name!r} got text with a lone surrogate ({preview(ascii(bad))}), which is not valid Unicode; write plain text"
     params = fn.get("parameters", {})
     props: dict = params.get("properties", {})
     missing = [a for a in params.get("required", []) if a not in call.arguments]
@@ -299,13 +187,13 @@ def validate_call(call: ToolCall, tools: tuple[dict, ...] | list[dict], *, max_a
         return f"tool {call.name!r} is missing required argument(s) {missing}; it takes {sorted(props)}"
     extra = [a for a in call.arguments if a not in props]
     if extra and not params.get("additionalProperties", False):
-        return f"tool {call.name!r} got unknown argument(s) {[_preview(_safe(str(a))) for a in extra]}; it takes {sorted(props)}"
+        return f"tool {call.name!r} got unknown argument(s) {[preview(safe_text(str(a))) for a in extra]}; it takes {sorted(props)}"
     for arg, value in call.arguments.items():
         spec = props.get(arg, {})
         if not _type_ok(value, spec.get("type", "")):
             return f"argument {arg!r} of tool {call.name!r} must be {spec['type']}, got {type(value).__name__}"
         if "enum" in spec and value not in spec["enum"]:
-            return f"argument {arg!r} of tool {call.name!r} must be one of {spec['enum']}, got {_preview(_safe(str(value)))!r}"
+            return f"argument {arg!r} of tool {call.name!r} must be one of {spec['enum']}, got {preview(safe_text(str(value)))!r}"
         if isinstance(value, str) and len(value.encode("utf-8", "replace")) > max_arg_bytes:
             return f"argument {arg!r} of tool {call.name!r} is {len(value.encode('utf-8', 'replace'))} bytes; the limit is {max_arg_bytes}"
     return None
@@ -342,7 +230,7 @@ def dispatch(call: ToolCall | ToolCallError, tools: tuple[dict, ...], handlers: 
         if faults is not None:
             faults[key] += 1
         logger.warning("tool %s raised on the model's call (%s): %s", call.name, key, str(e)[:200])
-        return failure(call.name, f"the tool could not do this ({type(e).__name__}: {_safe(str(e))[:300]})",
+        return failure(call.name, f"the tool could not do this ({type(e).__name__}: {safe_text(str(e))[:300]})",
                        latency_s=time.monotonic() - t0)
     if result.latency_s == 0.0:
         result = replace(result, latency_s=time.monotonic() - t0)
@@ -353,7 +241,7 @@ def system_prompt(intro: str, example: str, answer_format: str) -> str:
     """The system message every env uses: the job, the call format with one example, the answer format."""
     return (
         f"{intro}\n\nTo call a tool, write exactly one JSON object inside tags, e.g.\n{example}\n"
-        f"The tool's output comes back inside <tool_response>...</tool_response>. "
+        f"The tool's output comes back inside {RESPONSE_OPEN}...{RESPONSE_CLOSE}. "
         f"When you are done, {answer_format}"
     )
 

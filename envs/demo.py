@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from envs.base import Task, parse_tool_calls
+from envs.base import Task
+from envs.toolcalls import parse_tool_calls
 
 
 def demo_exchange(task: Task, oracle_actions: Callable[[Task], list[str]]) -> tuple[dict, dict]:

@@ -31,7 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from envs.base import Env, Task, ToolResult, parse_tool_calls
+from envs.base import Env, Task, ToolResult
+from envs.toolcalls import parse_tool_calls
 from envs.registry import BENCHES, make_env, scripted_agents
 
 logger = logging.getLogger(__name__)

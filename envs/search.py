@@ -37,6 +37,7 @@ from tqdm.std import tqdm
 
 from envs.base import Episode, Task, ToolCall, ToolCallError, ToolResult, dispatch, failure, system_prompt, tool_schema
 from envs.datasets import load_verl_tasks
+from envs.toolcalls import format_tool_call
 
 # bm25s wraps its loops in tqdm even with progress off, and tqdm's first bar makes a multiprocessing
 # lock: a POSIX semaphore that a rank (which ends with os._exit, as multiprocessing children do) never
@@ -178,7 +179,7 @@ SEARCH_TOOL = tool_schema(
 )
 SYSTEM = system_prompt(
     "Answer the question. You can search a document collection with the tool `search`; questions may need several searches, one per fact.",
-    '<tool_call>{"name": "search", "arguments": {"query": "Kalo Venmar", "k": 3}}</tool_call>',
+    format_tool_call("search", {"query": "Kalo Venmar", "k": 3}),
     "write the answer (just the name) inside <answer>...</answer>.",
 )
 
@@ -261,7 +262,7 @@ class SearchEnv:
 
 
 def _call(query: str, k: int = 3) -> str:
-    return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query, "k": k}}) + "</tool_call>"
+    return format_tool_call("search", {"query": query, "k": k})
 
 
 def oracle_actions(task: Task) -> list[str]:

@@ -12,17 +12,17 @@ Invariants (tests/envs/test_envs_toy.py): same seed -> same tasks; "W" scores 1,
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
 from envs.base import Episode, Task, ToolCall, ToolCallError, ToolResult, dispatch, system_prompt, tool_schema
+from envs.toolcalls import format_tool_call
 
 WORDS = ("red", "blue", "green", "gold")
 ECHO_TOOL = tool_schema("echo", "Return the given text unchanged.", {"text": ("string", "text to echo")})
 SYSTEM = system_prompt(
     "Say the word you are asked for. A tool `echo` is available but not needed.",
-    '<tool_call>{"name": "echo", "arguments": {"text": "red"}}</tool_call>',
+    format_tool_call("echo", {"text": "red"}),
     "write the word, e.g. <answer>red</answer>.",
 )
 _TAG_RE = re.compile(r"</?[a-z_]+>")
@@ -81,8 +81,7 @@ class ToyEnv:
 
 
 def oracle_actions(task: Task) -> list[str]:
-    call = json.dumps({"name": "echo", "arguments": {"text": task.answer}})
-    return [f"<tool_call>{call}</tool_call>", f"<answer>{task.answer}</answer>"]
+    return [format_tool_call("echo", {"text": task.answer}), f"<answer>{task.answer}</answer>"]
 
 
 def wrong_actions(task: Task) -> list[str]:

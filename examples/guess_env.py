@@ -14,12 +14,13 @@ import random
 import re
 
 from envs.base import Task, ToolResult, dispatch, system_prompt, tool_schema
+from envs.toolcalls import format_tool_call
 
 GUESS = tool_schema("guess", "Guess the secret number; says higher, lower or correct.",
                     {"number": ("integer", "your guess")})
 SYSTEM = system_prompt(
     "I picked a secret whole number from 1 to 16. Find it with the `guess` tool.",
-    '<tool_call>{"name": "guess", "arguments": {"number": 8}}</tool_call>',
+    format_tool_call("guess", {"number": 8}),
     "write the number as <answer>N</answer>.",
 )
 

@@ -26,7 +26,6 @@ malformed calls give failures.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import random
 import sys
@@ -40,6 +39,7 @@ from envs.datasets import load_verl_tasks
 from envs.sandbox.hostfs import write_file
 from envs.math.grade import MathGrader
 from envs.sandbox.sandbox import Sandbox, SandboxConfig
+from envs.toolcalls import format_tool_call
 
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivan", "Jia", "Kofi", "Lena")
 _ITEMS = ("apples", "marbles", "stickers", "coins", "books", "stamps")
@@ -119,7 +119,7 @@ PYTHON_TOOL = tool_schema("python", "Run a Python 3 program in a sandbox (no net
                           {"code": ("string", "the complete program; print what you need")})
 SYSTEM = system_prompt(
     "Solve the math problem. You may run Python with the tool `python` to compute exactly.",
-    '<tool_call>{"name": "python", "arguments": {"code": "print(2**10 % 7)"}}</tool_call>',
+    format_tool_call("python", {"code": "print(2**10 % 7)"}),
     "give the final answer in \\boxed{...}, e.g. \\boxed{42} or \\boxed{\\frac{3}{4}}.",
 )
 
@@ -216,7 +216,7 @@ class MathEnv:
 
 
 def _call(code: str) -> str:
-    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+    return format_tool_call("python", {"code": code})
 
 
 def _gold(task: Task) -> str:

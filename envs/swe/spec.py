@@ -15,10 +15,9 @@ more; the level-0 text shows exactly the oracle's first call; oracle calls are H
 
 from __future__ import annotations
 
-import json
-
 from envs.swe import mutate as mut
 from envs.base import Task, system_prompt, tool_schema
+from envs.toolcalls import format_tool_call
 
 NUM_LEVELS = 4
 
@@ -41,11 +40,11 @@ TOOLS = (
 _INTRO = ("You are a software engineer fixing a bug in a small Python repository. Use the tools to "
           "read the code, edit it with exact-text replacements, and run the tests. Fix the package, "
           "not the tests.")
-_EXAMPLE = '<tool_call>{"name": "view_file", "arguments": {"path": "pkg/module.py", "start_line": 1, "end_line": 40}}</tool_call>'
+_EXAMPLE = format_tool_call("view_file", {"path": "pkg/module.py", "start_line": 1, "end_line": 40})
 
 
 def call_text(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+    return format_tool_call(name, arguments)
 
 
 def issue_text(record: dict, level: int) -> str:
