@@ -11,8 +11,9 @@ Algorithm:
      length and concatenates them; `park(rids)` slices rows out (the tool wait keeps their KV)
      and trims columns no row needs any more; `decode(tokens)` feeds one token per row.
   3. Tensor parallel: every op is a pure function of its arguments. The leader broadcasts each
-     op over the TP group before running it; a follower's `serve_step` replays ops until the
-     leader's end-of-step marker, so the sharded forwards (and their collectives) line up.
+     op (a `KvOp` and its arguments) over the TP group before running it; a follower's
+     `serve_step` replays ops until the leader's `KvOp.END_STEP`, so the sharded forwards (and
+     their collectives) line up.
 
 Invariants (tests/test_rollout*.py): logits of a row never depend on the other rows (matches a
 full recompute of the sequence alone within 1e-5); a parked row resumes with exactly its own KV.
@@ -20,6 +21,7 @@ full recompute of the sequence alone within 1e-5); a parked row resumes with exa
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import logging
@@ -40,6 +42,17 @@ def cache_kwarg() -> str:
     from transformers import LlamaModel
 
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+class KvOp(enum.Enum):
+    """The ops a TP leader broadcasts to its followers, who replay them in order."""
+
+    PREFILL = "prefill"
+    ADMIT = "admit"
+    PARK = "park"
+    DROP = "drop"
+    DECODE = "decode"
+    END_STEP = "end_step"  # the leader's step is over; carries whether it is idle
 
 
 class BatchRunner:
@@ -70,41 +83,43 @@ class BatchRunner:
             dist.broadcast_object_list([op], src=self._leader_rank, group=self.tp_group)
 
     def end_step(self, *, idle: bool) -> None:
-        self._send(("end_step", idle))
+        self._send((KvOp.END_STEP, idle))
 
     def serve_step(self) -> bool:
         """Follower: replay the leader's ops for one step; returns whether the leader is idle."""
         import torch.distributed as dist
 
+        replay = {KvOp.PREFILL: self._prefill, KvOp.ADMIT: self._admit, KvOp.PARK: self._park, KvOp.DROP: self._drop,
+                  KvOp.DECODE: self._decode}
         while True:
             box = [None]
             dist.broadcast_object_list(box, src=self._leader_rank, group=self.tp_group)
-            op = box[0]
-            if op[0] == "end_step":
-                return op[1]
-            getattr(self, "_" + op[0])(*op[1:])
+            op, *args = box[0]
+            if op is KvOp.END_STEP:
+                return args[0]
+            replay[op](*args)
 
     # ---- public ops (leader) ------------------------------------------------------------
     def prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
         """Prefill the uncached tokens of several requests at once; logits [len(rids), vocab]."""
-        self._send(("prefill", rids, new_lists))
+        self._send((KvOp.PREFILL, rids, new_lists))
         return self._prefill(rids, new_lists)
 
     def admit(self, rids: list[str]) -> None:
-        self._send(("admit", rids))
+        self._send((KvOp.ADMIT, rids))
         self._admit(rids)
 
     def park(self, rids: list[str]) -> None:
-        self._send(("park", rids))
+        self._send((KvOp.PARK, rids))
         self._park(rids)
 
     def drop(self, rids: list[str]) -> None:
         """Forget these requests' KV, batched or parked: one copy of the batch however many leave."""
-        self._send(("drop", rids))
+        self._send((KvOp.DROP, rids))
         self._drop(rids)
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
-        self._send(("decode", tokens))
+        self._send((KvOp.DECODE, tokens))
         return self._decode(tokens)
 
     def set_weights(self, named_tensors: dict) -> None:
