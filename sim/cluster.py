@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import logging
 
-from steps import core
+from steps import commands, core
 from scheduler.costmodel import MemoizedCost
 from scheduler.layout import RoleMap
 from scheduler.layout_search import switch_of
@@ -54,7 +54,7 @@ class ClusterSim:
         self.cost = MemoizedCost(cost, ctx_quantum)  # contexts rounded to 64 tokens: < 1% off, most queries repeat
         self.workload = workload
         self.router = router
-        self.core = core.StepCore(core.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
+        self.core = core.StepCore(commands.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
                                                   lookahead=cfg.max_staleness if is_async else 0,
                                                   batch_by_finish=batch_by_finish),
                                   router, planner, role_map)
@@ -174,7 +174,7 @@ class ClusterSim:
             specs = sorted(specs, key=lambda s: -s.total_tokens)
         if self.clairvoyant:
             self.router.know(specs)
-        new = [core.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
+        new = [commands.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
                                prompt_tokens=s.prompt_tokens, task=s) for s in specs]
         touched = set()
         for add in self.core.admit(j, new, self.now):
@@ -222,7 +222,7 @@ class ClusterSim:
         req.left = spec.turn_tokens[turn]
         self._place(req, self.core.on_tool_return(spec.request_id, outcome, req.context, self.now))
 
-    def _place(self, req: SimRequest, export: core.Export | None) -> None:
+    def _place(self, req: SimRequest, export: commands.Export | None) -> None:
         """Back into a batch: where it was, or (exported at once: it is between batches) on its target."""
         if export is not None:
             add = self.core.on_exported(req.spec.request_id, self.now)
@@ -239,7 +239,7 @@ class ClusterSim:
         req.finished_at = self.now
         spec = req.spec
         del self.reqs[spec.request_id]
-        self.core.on_finished(spec.request_id, core.Finished(
+        self.core.on_finished(spec.request_id, commands.Finished(
             num_tokens=req.context, num_model_tokens=req.decode_done, tool_latency_s=tuple(spec.tool_latency_s),
             signal_tokens=spec.signal_tokens, first_version=req.version, payload=req), self.now)
         self._try_train()

@@ -11,7 +11,7 @@ dirs are removed.
 The trainer state (model + optimizer, full unsharded tensors) is what a new trainer group
 loads, so the same file serves a resume with another trainer size and the hand-off when the
 planner moves ranks. `coordinator.json` is the step core's plain `RunState`
-(`steps/core.py`): step, policy version, role map, C-MLFQ prefix tree, ledger counts and
+(`steps/commands.py`): step, policy version, role map, C-MLFQ prefix tree, ledger counts and
 the trained task ids; the task order is a pure function of (seed, step), so the step is the
 task position.
 
@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from steps.core import RunState
+from steps.commands import RunState
 
 MARKER = "COMPLETE"
 log = logging.getLogger(__name__)

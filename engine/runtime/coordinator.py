@@ -53,7 +53,7 @@ from engine.trajectory import Trajectory
 from engine.runtime.view import StepView
 from loggers import MetricLoggers
 from runlog import RunWriter, summarize
-from steps import core
+from steps import commands, core
 from scheduler.layout import RoleMap
 from scheduler.systems import lookahead_of
 
@@ -62,17 +62,17 @@ log = logging.getLogger(__name__)
 TRACE_EVERY_S = 30.0  # trace.json is rewritten at a step end at most this often (and at the end)
 
 
-def core_config(cfg, spec) -> core.CoreConfig:
+def core_config(cfg, spec) -> commands.CoreConfig:
     """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction."""
-    return core.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
+    return commands.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
                            lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
                            checkpoint_every=cfg.step.checkpoint_every,
                            checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish)
 
 
-def finished_of(traj: Trajectory) -> core.Finished:
+def finished_of(traj: Trajectory) -> commands.Finished:
     versions = traj.policy_versions
-    return core.Finished(num_tokens=traj.num_tokens, num_model_tokens=traj.num_model_tokens,
+    return commands.Finished(num_tokens=traj.num_tokens, num_model_tokens=traj.num_model_tokens,
                          tool_latency_s=tuple(traj.tool_latency_s), signal_tokens=traj.signal_tokens,
                          first_version=versions[0] if versions else None, reward=traj.reward,
                          reward_reason=getattr(traj.reward, "reason", ""),
@@ -80,7 +80,7 @@ def finished_of(traj: Trajectory) -> core.Finished:
 
 
 class Coordinator:
-    def __init__(self, ctx: RankContext, cfg, role_map: RoleMap, out_dir: Path, parts, resume: core.RunState | None):
+    def __init__(self, ctx: RankContext, cfg, role_map: RoleMap, out_dir: Path, parts, resume: commands.RunState | None):
         self.ctx, self.cfg, self.out = ctx, cfg, Path(out_dir)
         self.mailbox = ctx.mailbox
         self.env, self.tasks, self.tokenizer = parts.env, parts.tasks, parts.tokenizer
@@ -225,7 +225,7 @@ class Coordinator:
                 task = self.task_for(s, j)
                 prompt_ids = self._prompt_ids(task)
                 for i in range(self.cfg.step.samples_per_prompt):
-                    requests.append(core.NewRequest(request_id=f"s{s}-p{j}-n{i}", group_id=f"s{s}-p{j}",
+                    requests.append(commands.NewRequest(request_id=f"s{s}-p{j}-n{i}", group_id=f"s{s}-p{j}",
                                                     prompt_id=task.task_id, prompt_tokens=len(prompt_ids), task=task))
             for r in requests:  # one by one, on this loop: what the simulator charges per step (env_start_s)
                 t0 = time.monotonic()
@@ -240,13 +240,13 @@ class Coordinator:
             self.prompt_cache[task.task_id] = render_prompt(self.tokenizer, list(task.messages), list(task.tools))
         return self.prompt_cache[task.task_id]
 
-    def _send_adds(self, adds: list[core.Add]) -> None:
+    def _send_adds(self, adds: list[commands.Add]) -> None:
         for a in adds:
             state = self.exported.pop(a.request_id) if a.resumed else None
             prompt_ids = [] if a.resumed else self._prompt_ids(a.task)
             self.mailbox.send(self.leader(a.instance_id), msg.Add(a.request_id, a.task, prompt_ids, a.group_id, state))
 
-    def _send_exports(self, exports: list[core.Export]) -> None:
+    def _send_exports(self, exports: list[commands.Export]) -> None:
         for e in exports:
             self.mailbox.send(self.leader(e.instance_id), msg.Export(e.request_id))
 
@@ -335,7 +335,7 @@ class Coordinator:
         self.wait_for(msg.Synced, len(leaders), f"weights v{self.core.version} to reach every rollout rank")
         return self.now() - t0
 
-    def _write_step(self, end: core.StepEnd, batch: core.TrainBatch, t_train: float) -> None:
+    def _write_step(self, end: commands.StepEnd, batch: commands.TrainBatch, t_train: float) -> None:
         row = end.row
         d = row.to_dict()
         self.writer.span(f"rollout step {row.step}", "rollout", end.admitted_s, row.rollout_s)

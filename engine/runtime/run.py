@@ -25,7 +25,7 @@ from engine.devices import DeviceInfo, detect, peak_memory_mb, rank_device
 from engine.runtime.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
 from runlog import RunWriter
 from scheduler.layout import RoleMap
-from steps.core import RunState
+from steps.commands import RunState
 
 log = logging.getLogger("libra")
 

@@ -6,7 +6,8 @@ import pytest
 from runlog import METRIC_FIELDS
 from scheduler.api import Decision, OutcomeState, Route
 from scheduler.layout import Bucket, split_role_map
-from steps.core import CoreConfig, Export, Finished, NewRequest, RunState, StepCore
+from steps.commands import CoreConfig, Export, Finished, NewRequest, RunState
+from steps.core import StepCore
 
 BUCKETS = (Bucket(name="short", max_tokens=100), Bucket(name="long", max_tokens=None))
 FAIL = OutcomeState("run_tests", "medium", "failure")

@@ -6,7 +6,7 @@ import pytest
 
 from engine.runtime import checkpoint
 from scheduler.layout import BucketsConfig, split_role_map
-from steps.core import RunState
+from steps.commands import RunState
 
 
 def state(step: int) -> RunState:

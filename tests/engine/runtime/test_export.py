@@ -25,7 +25,7 @@ from engine.trainer.trainer import Trainer, TrainerConfig
 from engine.trajectory import Trajectory
 from envs.base import Task, ToolResult
 from envs.toy import ECHO_TOOL
-from steps.core import RunState
+from steps.commands import RunState
 from scheduler.systems import initial_role_map
 
 torch.set_num_threads(1)
