@@ -47,6 +47,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from scheduler.layout import VALID_TP
+
 GB = 1e9
 
 
@@ -253,8 +255,8 @@ class CostModel:
         return max(1, int(free / per_seq)) if free > 0 else 1
 
     def valid_tp(self) -> tuple[int, ...]:
-        """TP degrees in {1, 2, 4, 8} that divide the model's attention heads."""
-        return tuple(tp for tp in (1, 2, 4, 8) if self.model.tp_divides(tp))
+        """TP degrees of `VALID_TP` that divide the model's attention heads."""
+        return tuple(tp for tp in VALID_TP if self.model.tp_divides(tp))
 
     def min_rollout_tp(self, kv_reserve_frac: float = 0.2) -> int:
         """Smallest valid TP whose weight shard leaves `kv_reserve_frac` of memory for KV."""

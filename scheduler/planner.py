@@ -62,7 +62,7 @@ class PlannerConfig:
     interval_steps: int = 10  # K: re-plan every K steps
     ratio_band: tuple[float, float] = (0.8, 1.25)  # re-plan at once if rollout_s/train_s leaves this band
     min_gain_ratio: float = 0.05  # apply a plan only if current/new step time >= 1 + this
-    allowed_tp: tuple[int, ...] = (1, 2, 4, 8)  # TP degrees a rollout instance may have
+    allowed_tp: tuple[int, ...] = VALID_TP  # TP degrees a rollout instance may have
     heterogeneous: bool = True  # False: one unbounded bucket, one TP degree
     allow_realloc: bool = True  # False: keep the trainer/rollout split, re-plan the buckets only
     history_steps: int = 8  # steps of history the workload is built from

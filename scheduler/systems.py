@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from scheduler.api import Router
 from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import CostModel
-from scheduler.layout import Bucket, BucketsConfig, RoleMap, colocated_role_map, split_role_map
+from scheduler.layout import VALID_TP, Bucket, BucketsConfig, RoleMap, colocated_role_map, split_role_map
 from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 
@@ -116,13 +116,13 @@ def _split(world_size: int, trainer_frac: float) -> int:
 
 
 def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int,
-                      allowed_tp: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[tuple[str, int], ...]:
+                      allowed_tp: tuple[int, ...] = VALID_TP) -> tuple[tuple[str, int], ...]:
     short, long_ = buckets[0].name, buckets[-1].name
     medium = buckets[len(buckets) // 2].name if len(buckets) >= 3 else long_
     r = num_rollout
     if min_tp > 1 or r < 2:
         return tuple((short, min_tp) for _ in range(r // min_tp))
-    multi = [t for t in (2, 4, 8) if t in allowed_tp and t <= r]
+    multi = [t for t in VALID_TP if t > 1 and t in allowed_tp and t <= r]
     if r == 2 or not multi:
         # no TP split possible (or no room for one): heterogeneity by bucket only, TP1 everywhere
         return tuple([(short, 1)] * (r - 1) + [(long_, 1)])
@@ -136,7 +136,7 @@ def _heterogeneous_tp(num_rollout: int, buckets: tuple[Bucket, ...], min_tp: int
 
 def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | None = None,
                      buckets: BucketsConfig | None = None, trainer_frac: float = 0.5,
-                     allowed_tp: tuple[int, ...] = (1, 2, 4, 8)) -> RoleMap:
+                     allowed_tp: tuple[int, ...] = VALID_TP) -> RoleMap:
     """A sane first layout for `system` on `world_size` ranks (see the module docstring)."""
     spec = get_system(system)
     min_tp = cost_model.min_rollout_tp() if cost_model else 1

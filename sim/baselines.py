@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from scheduler import systems as sysmod
-from scheduler.layout import BucketsConfig, RoleMap, colocated_role_map, split_role_map
+from scheduler.layout import VALID_TP, BucketsConfig, RoleMap, colocated_role_map, split_role_map
 from scheduler.layout_model import Scales, Workload
 from scheduler.layout_search import LayoutSearch
 from sim.config import SimConfig
@@ -102,7 +102,7 @@ def candidates(system: str, cfg: SimConfig, cost, buckets: BucketsConfig, wl: Wo
         if any(a >= b for a, b in zip(limits, limits[1:])):
             continue
         bc = dataclasses.replace(buckets, max_tokens=limits)
-        search = LayoutSearch(cost, g, bc.buckets(), allowed_tp=(1, 2, 4, 8), max_batch=cfg.max_seqs_per_instance,
+        search = LayoutSearch(cost, g, bc.buckets(), allowed_tp=VALID_TP, max_batch=cfg.max_seqs_per_instance,
                               min_tp=cost.min_rollout_tp(), min_train=cost.min_train_devices(), lookahead=cfg.max_staleness)
         for share in TRAINER_SHARES:
             r = g - min(g - 1, max(cost.min_train_devices(), round(g * share)))
@@ -121,7 +121,7 @@ def predict(system: str, cand: Candidate, cfg: SimConfig, cost, buckets: Buckets
     spec = sysmod.get_system(system)
     bks = cand.role_map.buckets
     lookahead = 0 if spec.colocated else (cand.max_staleness or cfg.max_staleness)
-    search = LayoutSearch(cost, cfg.num_devices, bks, allowed_tp=(1, 2, 4, 8), max_batch=cfg.max_seqs_per_instance,
+    search = LayoutSearch(cost, cfg.num_devices, bks, allowed_tp=VALID_TP, max_batch=cfg.max_seqs_per_instance,
                           min_tp=1, min_train=1, lookahead=lookahead)
     step_s, rollout_s, train_s = search.predict(cand.role_map, wl, Scales())
     return rollout_s + train_s if spec.colocated else step_s

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scheduler.layout import Bucket, RoleMap, RolloutInstance, colocated_role_map, split_role_map
+from scheduler.layout import VALID_TP, Bucket, RoleMap, RolloutInstance, colocated_role_map, split_role_map
 
 B3 = (Bucket(name="short", max_tokens=4096), Bucket(name="medium", max_tokens=12288), Bucket(name="long", max_tokens=None))
 
@@ -83,3 +83,17 @@ def test_colocated_map():
     assert rm.describe() == "v0 train=4 colocated | short:TP2x2"
     with pytest.raises(ValueError, match=r"colocate: TP=4 does not divide world_size=6; pick a TP that divides it"):
         colocated_role_map(world_size=6, tp=4)
+
+
+def test_every_tp_default_is_the_one_valid_tp():
+    """The TP degrees are defined once (`VALID_TP`); the planner, the first layout and the cost model use it."""
+    import inspect
+
+    from scheduler.costmodel import get_cost_model
+    from scheduler.planner import PlannerConfig
+    from scheduler.systems import initial_role_map
+
+    assert VALID_TP == (1, 2, 4, 8)
+    assert PlannerConfig().allowed_tp is VALID_TP
+    assert inspect.signature(initial_role_map).parameters["allowed_tp"].default is VALID_TP
+    assert get_cost_model("h100", "qwen3-14b").valid_tp() == VALID_TP
