@@ -7,7 +7,9 @@ with cgroups (v2, or v1 controllers we may write) memory, processes and CPU are 
 processes and the private /tmp together; without them only the per-process rlimits remain.
 
 `SandboxConfig` is what one `envs.sandbox.sandbox.Sandbox` runs with (a bench's settings under the
-user's); `SandboxResult` is what one call returns. Torch-free, like all of envs/.
+user's); `SandboxResult` is what one call returns. The data dirs a policy must not read are the
+bench's to name: it adds them with `SandboxConfig.hiding` (envs/swe/env.py: its projects and task
+index); the sandbox names none. Torch-free, like all of envs/.
 
 Invariants (tests/envs/sandbox/test_sandbox.py::test_env_config_errors, test_config_errors): every bad value
 raises ValueError with the value, the constraint and the fix.
@@ -15,7 +17,7 @@ raises ValueError with the value, the constraint and the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 ISOLATIONS = ("auto", "namespaces", "rlimits")
 
@@ -61,9 +63,8 @@ class SandboxConfig:
     workdir_mb: int = 64  # size cap of a work dir (tmpfs when root; else checked after each call)
     workdir_inodes: int = 8192  # files + dirs cap of a work dir
     root_dir: str = ""  # parent of work dirs; "" = the system temp dir
-    hidden_paths: tuple[str, ...] = ()  # dirs inside exposed ones to cover with an empty tmpfs
+    hidden_paths: tuple[str, ...] = ()  # data dirs a policy must not read (the bench's: `hiding`), covered where a bound dir holds them
     expose_paths: tuple[str, ...] = ()  # extra dirs bound read-only inside (the interpreter's are added)
-    hide_project: bool = True  # cover the swe data dirs (unbroken sources, task index) where a bound dir holds them
     isolation: str = "auto"  # "auto"/"namespaces" (else RuntimeError) | "rlimits" (explicit weak fallback)
     uid: int | None = None  # uid to run as; None = 65534 when root, else our own
     use_cgroup: bool = True  # per-call cgroups where we may create them; False = rlimits only (tests the fallback)
@@ -80,6 +81,10 @@ class SandboxConfig:
         for p in self.hidden_paths + self.expose_paths:
             if not p.startswith("/"):
                 raise ValueError(f"SandboxConfig.hidden_paths/expose_paths entry {p!r} must be an absolute path; write it starting with '/'.")
+
+    def hiding(self, dirs: tuple[str, ...] | list[str]) -> SandboxConfig:
+        """This config with a bench's data dirs (what its policy must not read) added to `hidden_paths`, each once."""
+        return replace(self, hidden_paths=(*self.hidden_paths, *(d for d in dirs if d not in self.hidden_paths)))
 
     @classmethod
     def from_env(cls, env: EnvConfig | None, **bench) -> SandboxConfig:

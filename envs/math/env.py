@@ -44,6 +44,10 @@ from envs.toolcalls import format_tool_call
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivan", "Jia", "Kofi", "Lena")
 _ITEMS = ("apples", "marbles", "stickers", "coins", "books", "stamps")
 NUM_LEVELS = 4
+# What the sandbox hides from a policy: nothing. A generated task keeps its answer in this process; a `data_path`
+# file is read before any call, and is the caller's to keep out of the dirs a sandbox binds (system dirs, the
+# interpreter's prefixes).
+HIDDEN_DATA_DIRS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +187,7 @@ class MathEnv:
         # for CPU a moment before the timeout is seen, and report "failure" instead of "timeout"
         self.sandbox = sandbox or Sandbox(SandboxConfig.from_env(
             env_cfg, timeout_s=cfg.timeout_s, cpu_s=math.ceil(cfg.timeout_s) + 1, memory_mb=cfg.memory_mb,
-            max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent))
+            max_output_bytes=cfg.max_output_bytes, max_concurrent=cfg.max_concurrent).hiding(HIDDEN_DATA_DIRS))
         self.sandbox.check_interpreter(["-c", "pass"], "its standard library")
         self.grader = MathGrader(timeout_s=cfg.grade_timeout_s, max_concurrent=cfg.grade_workers)
         self.faults: collections.Counter = collections.Counter()  # "tool:ExceptionType" of model-caused tool errors

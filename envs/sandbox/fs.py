@@ -10,7 +10,8 @@ New root, built by one `mount -a` over a per-call fstab inside the call's own mo
   4. one size-limited tmpfs serves /tmp, /var/tmp and /dev/shm; /run is a private tmpfs;
   5. the work dir is bound read-write at its own path (read-only for grading runs).
 Nothing else of the host exists there: no /home or /root, no checkout, no other episode's work
-dir, and the swe data dirs are covered by an empty tmpfs when a bound dir contains them. Unix
+dir, and the data dirs the caller hides (`hidden`: its bench's, e.g. the swe projects and task
+index) are covered by an empty tmpfs when a bound dir contains them. Unix
 sockets that remain visible in the bound dirs cannot be used: the guard's seccomp filter refuses
 every unix socket (envs/sandbox/guard.py). The command is then chrooted into it by `unshare --root`, as a
 non-root uid without capabilities (envs/sandbox/procs.py: as root chroot then setuid, else a nested

@@ -94,8 +94,6 @@ logger = logging.getLogger(__name__)
 _NOBODY_UID = 65534
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTA_POLL_S = 0.1  # how often a work dir that is not a capped tmpfs is measured during a call
-_ENVS_DIR = Path(__file__).resolve().parents[1]
-_DATA_DIRS = tuple(str(_ENVS_DIR / d) for d in ("swe/projects", "swe/tasks", "swe_hidden"))  # what a policy must not read
 
 
 _probe_lock = threading.Lock()
@@ -155,8 +153,8 @@ class Sandbox:
         self._exposed = sfs.interpreter_dirs(cfg.expose_paths)
         bound = [*sfs.SYSTEM_DIRS, *self._exposed]
         self._aliases = sfs.interpreter_aliases(bound, clear=os.path.realpath(self._root))
-        hidden = [*cfg.hidden_paths, *(_DATA_DIRS if cfg.hide_project else ())]
-        self._hidden = [h for h in hidden if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
+        # the data dirs the caller (its bench) hides, where a bound dir holds them
+        self._hidden = [h for h in cfg.hidden_paths if os.path.isdir(h) and any(sfs.under(h, b) for b in bound)]
         sup = cg.support() if cfg.use_cgroup else None
         self._cgroups = sup if sup is not None and (sup.parents or sup.tracker is not None) else None
         self._pool = cg.pool(self._cgroups, self._limits_for_cgroup()) if self._cgroups is not None else None

@@ -23,7 +23,9 @@ Algorithm:
 Invariants (tests/test_envs_swe*.py, tests/envs/sandbox/test_adversarial.py): an oracle agent that applies the
 known patch gets 1.0 and an agent that only edits the visible tests gets 0.0; whatever the
 model writes, `execute` returns a ToolResult and `score` a reward (only the sandbox failing to
-start raises ToolInfraError); paths never leave the work dir; closed episodes leave no work dir.
+start raises ToolInfraError); paths never leave the work dir; closed episodes leave no work dir; no
+sandboxed call can read the pristine projects or the task index (`HIDDEN_DATA_DIRS`, hidden by the
+sandbox the env builds, whatever config its caller passed).
 
 CLI: `python -m envs.swe.env --generate [--seed 0] [--num-per-project 40]` rebuilds the index;
 `python -m envs.swe.env --export FILE.jsonl` writes the tasks as verl rows (see envs/swe/data.py).
@@ -49,9 +51,14 @@ from envs.config import EnvConfig
 from envs.sandbox.sandbox import Sandbox, SandboxConfig
 from envs.swe.spec import NUM_LEVELS, TOOLS, issue_text, make_task, oracle_actions, wrong_actions
 
-__all__ = ["SweConfig", "SweEnv", "SweEpisode", "NUM_LEVELS", "TOOLS", "issue_text", "make_task", "oracle_actions", "wrong_actions"]
+__all__ = ["HIDDEN_DATA_DIRS", "SweConfig", "SweEnv", "SweEpisode", "NUM_LEVELS", "TOOLS", "issue_text", "make_task",
+           "oracle_actions", "wrong_actions"]
 
 logger = logging.getLogger(__name__)
+
+# What a policy must not read (the unbroken sources and the task index, which holds every patch): the sandbox
+# covers them where a dir it binds holds them (a checkout inside the interpreter's prefix, an exposed path).
+HIDDEN_DATA_DIRS = (str(mut.PROJECTS_DIR), str(mut.TASKS_DIR))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +201,8 @@ class SweEnv:
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"swe num_tasks={num_tasks} must be >= 1 or None (all tasks)")
         self.cfg, self.seed, self.level = cfg, seed, level
-        self.sandbox = Sandbox(sandbox_cfg or SandboxConfig.from_env(env_cfg, timeout_s=cfg.test_timeout_s))
+        sandbox_cfg = sandbox_cfg or SandboxConfig.from_env(env_cfg, timeout_s=cfg.test_timeout_s)
+        self.sandbox = Sandbox(sandbox_cfg.hiding(HIDDEN_DATA_DIRS))
         self.sandbox.check_interpreter(["-c", "import pytest"], "pytest")
         self.grader = grading.Grader(self.sandbox, grading.GradeLimits(timeout_s=cfg.test_timeout_s,
                                                                         copy_timeout_s=cfg.host_timeout_s))

@@ -47,7 +47,9 @@ class Ctx:
         return self._swe
 
     def math_sandbox(self, **kw) -> Sandbox:
-        return Sandbox(self.sandbox_cfg(**{"timeout_s": 10.0, **kw}))
+        # it hides what the swe bench hides, so the attacks that look for the swe data through the python
+        # tool (read_task_index) check the protection a swe run's sandbox gives
+        return Sandbox(self.sandbox_cfg(**{"timeout_s": 10.0, **kw}).hiding(swe.HIDDEN_DATA_DIRS))
 
     def math_env(self, **kw):
         if kw:

@@ -331,3 +331,27 @@ def test_host_tools_refuse_fifos_and_cap_outputs(env):
     finally:
         ep.close()
     assert env.faults == {}  # refusals are the model's mistakes, not tool faults
+
+
+def test_the_env_names_the_data_dirs_its_sandbox_hides():
+    """The swe data under a bound dir: a plain sandbox shows it, the swe env's sandbox covers it, whatever config it got."""
+    import sys
+    from pathlib import Path
+
+    from envs.sandbox.sandbox import Sandbox, SandboxConfig
+
+    envs_dir = str(Path(swe.__file__).resolve().parents[1])  # holds swe/projects and swe/tasks
+    cfg = SandboxConfig(timeout_s=30.0, expose_paths=(envs_dir,))
+    plain = Sandbox(cfg)
+    if not plain.isolation.startswith("pid+net"):
+        pytest.skip(f"no namespaces here (rlimits mode hides nothing): {plain.isolation}")
+    paths = [os.path.join(envs_dir, "base.py"), *(os.path.join(d, sorted(os.listdir(d))[0]) for d in swe.HIDDEN_DATA_DIRS)]
+    code = "import os, sys; print([os.path.exists(p) for p in sys.argv[1:]])"
+    env = swe.SweEnv(seed=0, num_tasks=1, sandbox_cfg=cfg)
+    try:
+        for sb, seen in ((plain, [True, True, True]), (env.sandbox, [True, False, False])):
+            with sb.workdir("t") as w:
+                r = sb.run([sys.executable, "-c", code, *paths], cwd=w)
+            assert r.stdout.strip() == str(seen), r.output
+    finally:
+        env.close()
