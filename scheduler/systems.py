@@ -161,10 +161,16 @@ def initial_role_map(system: str, world_size: int, *, cost_model: CostModel | No
     return split_role_map(world_size=world_size, num_trainer=num_trainer, rollout_tp=rollout, buckets=layout_buckets)
 
 
-def lookahead_of(system: str, max_staleness: int) -> int:
-    """Steps the step core admits ahead of the trainer: `max_staleness` when rollout overlaps training."""
+def lookahead_of(system: str, max_staleness: int, *, colocated: bool | None = None) -> int:
+    """Steps the step core admits ahead of the trainer: `max_staleness` when rollout overlaps training,
+    i.e. the system's pipeline is async and its layout does not put every rank in both roles; else 0.
+
+    The one definition: the coordinator, the planner's step model, the simulator and the tuned
+    baselines all ask here. `colocated`: whether the layout actually run is colocated, when it is
+    not the system's own (a layout held fixed); None: the system's own."""
     spec = get_system(system)
-    return max_staleness if spec.async_pipeline and not spec.colocated else 0
+    colocated = spec.colocated if colocated is None else colocated
+    return max_staleness if spec.async_pipeline and not colocated else 0
 
 
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,

@@ -103,7 +103,8 @@ def candidates(system: str, cfg: SimConfig, cost, buckets: BucketsConfig, wl: Wo
             continue
         bc = dataclasses.replace(buckets, max_tokens=limits)
         search = LayoutSearch(cost, g, bc.buckets(), allowed_tp=VALID_TP, max_batch=cfg.max_seqs_per_instance,
-                              min_tp=cost.min_rollout_tp(), min_train=cost.min_train_devices(), lookahead=cfg.max_staleness)
+                              min_tp=cost.min_rollout_tp(), min_train=cost.min_train_devices(),
+                              lookahead=sysmod.lookahead_of(system, cfg.max_staleness))
         for share in TRAINER_SHARES:
             r = g - min(g - 1, max(cost.min_train_devices(), round(g * share)))
             try:
@@ -120,7 +121,7 @@ def predict(system: str, cand: Candidate, cfg: SimConfig, cost, buckets: Buckets
     """The analytic model's step seconds of a candidate (used only to choose what to simulate)."""
     spec = sysmod.get_system(system)
     bks = cand.role_map.buckets
-    lookahead = 0 if spec.colocated else (cand.max_staleness or cfg.max_staleness)
+    lookahead = sysmod.lookahead_of(system, cand.max_staleness or cfg.max_staleness, colocated=cand.role_map.colocated)
     search = LayoutSearch(cost, cfg.num_devices, bks, allowed_tp=VALID_TP, max_batch=cfg.max_seqs_per_instance,
                           min_tp=1, min_train=1, lookahead=lookahead)
     step_s, rollout_s, train_s = search.predict(cand.role_map, wl, Scales())

@@ -7,8 +7,8 @@ driving the very same router and planner objects; this module only supplies time
 cost model.
 
 Algorithm:
-1. Whenever the core admits step j (lookahead = max_staleness, 0 for synchronous systems, so
-   `colocate` alternates rollout and training), the workload's batch j is routed by the core
+1. Whenever the core admits step j (`lookahead`, from `scheduler.systems.lookahead_of`:
+   max_staleness, 0 for synchronous systems, so `colocate` alternates rollout and training), the workload's batch j is routed by the core
    and queued on its instances.
 2. Instances decode with continuous batching (`sim/instance.py`). At a turn end the trajectory
    leaves for its tool (latency from the workload); at the tool return the core may migrate it
@@ -46,7 +46,7 @@ _INST, _TOOL, _TRAIN_DONE, _SYNC_DONE, _ADMIT, _SCORED = 0, 1, 2, 3, 4, 5
 
 
 class ClusterSim:
-    def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, is_async: bool,
+    def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, lookahead: int,
                  longest_first: bool = False, clairvoyant: bool = False, free_sync: bool = False, free_reconfig: bool = False,
                  record: bool = False, ctx_quantum: int = 64, batch_by_finish: bool = False,
                  interrupt_on_update: bool = False):
@@ -55,7 +55,7 @@ class ClusterSim:
         self.workload = workload
         self.router = router
         self.core = core.StepCore(commands.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
-                                                  lookahead=cfg.max_staleness if is_async else 0,
+                                                  lookahead=lookahead,
                                                   batch_by_finish=batch_by_finish),
                                   router, planner, role_map)
         self.interrupt_on_update = interrupt_on_update  # AReaL: in-flight KV is recomputed on the new weights

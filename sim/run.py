@@ -61,7 +61,7 @@ class SystemParts:
     router: object
     planner: object | None
     role_map: RoleMap
-    is_async: bool
+    lookahead: int  # steps admitted ahead of the trainer (scheduler.systems.lookahead_of)
     colocated: bool
     oracle: bool = False
     batch_by_finish: bool = False
@@ -97,7 +97,8 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         planner = sysmod.make_planner(system, real.role_map.world_size, cost, cfg.steps, cfg=real.planner,
                                       current=real.role_map, buckets=real.buckets, max_staleness=cfg.max_staleness)
         return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
-                           is_async=spec.async_pipeline, colocated=bool(real.role_map.colocated), oracle=False,
+                           lookahead=sysmod.lookahead_of(system, cfg.max_staleness), colocated=bool(real.role_map.colocated),
+                           oracle=False,
                            batch_by_finish=spec.batch_by_finish, interrupt_on_update=spec.interrupt_on_update)
     # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
     # would dominate the host time, so the simulator rebuilds about once per step.
@@ -110,7 +111,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
     router = OracleRouter(cost, cfg.max_seqs_per_instance) if clairvoyant else sysmod.make_router(system, rcfg)
-    return SystemParts(router=router, planner=planner, role_map=role_map, is_async=spec.async_pipeline,
+    return SystemParts(router=router, planner=planner, role_map=role_map, lookahead=sysmod.lookahead_of(system, cfg.max_staleness),
                        colocated=bool(role_map.colocated), oracle=clairvoyant, batch_by_finish=spec.batch_by_finish,
                        interrupt_on_update=spec.interrupt_on_update)
 
@@ -125,10 +126,10 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
     """One schedule; `clairvoyant`: the oracle's router, longest-first admission, free sync and reconfiguration."""
     parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
     if fixed is not None:
-        parts = dataclasses.replace(parts, planner=None, role_map=fixed, is_async=not fixed.colocated,
-                                    colocated=fixed.colocated)
+        parts = dataclasses.replace(parts, planner=None, role_map=fixed, colocated=fixed.colocated,
+                                    lookahead=sysmod.lookahead_of(system, cfg.max_staleness, colocated=fixed.colocated))
     sim = ClusterSim(cfg=cfg, cost=cost, workload=make_workload(cfg), router=parts.router, planner=parts.planner,
-                     role_map=parts.role_map, is_async=parts.is_async, longest_first=clairvoyant,
+                     role_map=parts.role_map, lookahead=parts.lookahead, longest_first=clairvoyant,
                      clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record,
                      batch_by_finish=parts.batch_by_finish, interrupt_on_update=parts.interrupt_on_update)
     with _sparse_gc():

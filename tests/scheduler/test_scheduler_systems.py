@@ -9,7 +9,7 @@ from scheduler.costmodel import get_cost_model
 from scheduler.layout import BucketsConfig
 from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
-from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, make_planner, make_router
+from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, lookahead_of, make_planner, make_router
 
 NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-no-planner",
          "libra-no-realloc",
@@ -81,3 +81,13 @@ def test_make_planner_only_for_planned_systems():
         if p is not None:
             assert isinstance(p, GlobalPlanner)
             assert p.cfg.heterogeneous == SYSTEMS[name].heterogeneous and p.cfg.allow_realloc == SYSTEMS[name].realloc
+
+
+def test_lookahead_is_the_staleness_bound_exactly_when_rollout_overlaps_training():
+    for name in NAMES:
+        spec = SYSTEMS[name]
+        assert lookahead_of(name, 3) == (3 if spec.async_pipeline and not spec.colocated else 0), name
+        assert lookahead_of(name, 3, colocated=True) == 0  # a colocated layout cannot overlap the stages
+    assert lookahead_of("colocate", 2) == 0 and lookahead_of("libra", 2) == 2 and lookahead_of("fully-async", 4) == 4
+    # the planner's step model and the simulator are told the same number
+    assert make_planner("libra", 8, CM, 100, PlannerConfig(), max_staleness=2).lookahead == lookahead_of("libra", 2)

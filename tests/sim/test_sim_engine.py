@@ -83,12 +83,12 @@ def _spec(rid="a", turns=(10, 20), out=(5,), latency=(1.0,), prompt=100):
                     tool_output_tokens=out, tool_latency_s=latency)
 
 
-def _sim(specs, *, router=None, steps=1, is_async=True, limit=None, max_staleness=1):
+def _sim(specs, *, router=None, steps=1, lookahead=1, limit=None, max_staleness=1):
     cfg = SimConfig(num_devices=3, steps=steps, prompts_per_step=1, samples_per_prompt=1, max_staleness=max_staleness)
     rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
                         buckets=(Bucket(name="short", max_tokens=limit or 10**9), Bucket(name="long", max_tokens=None)))
     return ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=router or FakeRouter(),
-                      planner=None, role_map=rm, is_async=is_async, ctx_quantum=1, record=True)
+                      planner=None, role_map=rm, lookahead=lookahead, ctx_quantum=1, record=True)
 
 
 def test_one_trajectory_exact_timeline():
@@ -112,9 +112,9 @@ def test_measured_episode_start_and_scoring_are_charged_like_the_runtime_pays_th
     rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
                         buckets=(Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None)))
     plain = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec(rid="a"), _spec(rid="b")]),
-                       router=FakeRouter(), planner=None, role_map=rm, is_async=True, ctx_quantum=1).run()
+                       router=FakeRouter(), planner=None, role_map=rm, lookahead=1, ctx_quantum=1).run()
     timed = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=FakeRouter(), planner=None,
-                       role_map=rm, is_async=True, ctx_quantum=1).run()
+                       role_map=rm, lookahead=1, ctx_quantum=1).run()
     assert timed[0]["time_s"] == pytest.approx(plain[0]["time_s"] + 0.5 + 0.4)
 
 
@@ -125,7 +125,7 @@ def test_a_step_whose_groups_all_share_one_reward_trains_nothing_as_the_real_tra
         rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
                             buckets=(Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None)))
         return ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload(specs), router=FakeRouter(), planner=None,
-                          role_map=rm, is_async=True, ctx_quantum=1).run()[0]["train_s"]
+                          role_map=rm, lookahead=1, ctx_quantum=1).run()[0]["train_s"]
 
     assert run([0.0, 0.0]) == 0.0  # one group, no reward difference: zero gradient
     assert run([0.0, 1.0]) == 2.0
@@ -161,9 +161,9 @@ def test_every_trajectory_finishes_once_and_tokens_are_conserved():
     assert all(req.decode_done == req.spec.decode_tokens for req in sim.admitted)
 
 
-@pytest.mark.parametrize("is_async,bound", [(True, 1), (True, 2), (False, 0)])
-def test_staleness_never_exceeds_the_bound(is_async, bound):
-    sim = _sim([_spec(rid=str(i)) for i in range(4)], steps=6, is_async=is_async, max_staleness=bound)
+@pytest.mark.parametrize("lookahead,bound", [(1, 1), (2, 2), (0, 0)])
+def test_staleness_never_exceeds_the_bound(lookahead, bound):
+    sim = _sim([_spec(rid=str(i)) for i in range(4)], steps=6, lookahead=lookahead, max_staleness=bound)
     rows = sim.run()
     stale = [r["staleness_max"] for r in rows]
     assert max(stale) == bound
@@ -171,7 +171,7 @@ def test_staleness_never_exceeds_the_bound(is_async, bound):
 
 
 def test_synchronous_steps_do_not_overlap():
-    rows = _sim([_spec()], steps=2, is_async=False).run()
+    rows = _sim([_spec()], steps=2, lookahead=0).run()
     # each step: 1.405 rollout + 2.0 train + 0.5 sync; the second starts when the first ends
     assert [r["time_s"] for r in rows] == pytest.approx([3.905, 7.81])
 
@@ -202,7 +202,7 @@ def test_a_switch_waits_for_the_tool_calls_of_the_requests_it_moves():
     rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)), buckets=buckets)
     new = split_role_map(world_size=3, num_trainer=2, rollout_tp=(("long", 1),), buckets=buckets, version=1)
     sim = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec(latency=(10.0,))]), router=LeastLoadRouter(),
-                     planner=OnePlan(new, at=2), role_map=rm, is_async=True, ctx_quantum=1)
+                     planner=OnePlan(new, at=2), role_map=rm, lookahead=1, ctx_quantum=1)
     rows = sim.run()
     step2_end, step3_started = rows[1]["time_s"], rows[0]["time_s"]  # step 3 is admitted when step 1 ends
     in_tool_until = step3_started + 0.1 + 0.1 + 10.0  # prefill 100 tokens, 10 decode iterations, the tool
@@ -221,7 +221,7 @@ def test_on_shared_cores_two_busy_engines_each_run_at_half_speed():
 
     def rollout_s(cost):
         sim = ClusterSim(cfg=cfg, cost=cost, workload=FakeWorkload(specs), router=LeastLoadRouter(), planner=None,
-                         role_map=rm, is_async=True, ctx_quantum=1)
+                         role_map=rm, lookahead=1, ctx_quantum=1)
         return sim.run()[0]["rollout_s"]
 
     # each: prefill 100 tokens (0.1 s) + 10 decode iterations (0.1 s), on its own engine
