@@ -174,8 +174,10 @@ class ClusterSim:
             specs = sorted(specs, key=lambda s: -s.total_tokens)
         if self.clairvoyant:
             self.router.know(specs)
-        new = [commands.NewRequest(request_id=s.request_id, group_id=f"s{j}-{s.prompt_id}", prompt_id=s.prompt_id,
-                               prompt_tokens=s.prompt_tokens, task=s) for s in specs]
+        groups: dict[str, str] = {}  # prompt -> its GRPO group: the samples of one prompt in this step
+        new = [commands.NewRequest(request_id=s.request_id, prompt_id=s.prompt_id, prompt_tokens=s.prompt_tokens, task=s,
+                                   group_id=groups.setdefault(s.prompt_id, commands.group_id(j, len(groups))))
+               for s in specs]
         touched = set()
         for add in self.core.admit(j, new, self.now):
             req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now)

@@ -2,9 +2,9 @@
 
 Frozen dataclasses, no behaviour beyond validation and (de)serialisation: `CoreConfig`; the
 caller's `NewRequest` and `Finished`; the core's commands `Add`, `Export`, `Cancel`, `TrainBatch`
-and `StepEnd`; `RunState`, what a checkpoint keeps of the coordinator. `steps/core.py` is the
-state machine that consumes and produces them; the real coordinator and the simulator build
-and read them.
+and `StepEnd`; `RunState`, what a checkpoint keeps of the coordinator; and `group_id`, the one
+format of a GRPO group's id. `steps/core.py` is the state machine that consumes and produces
+them; the real coordinator and the simulator build and read them.
 
 Invariants (tests/steps/test_stepcore.py): a bad `CoreConfig` raises ValueError naming every
 value; `RunState.from_dict(to_dict())` round-trips exactly (JSON-safe).
@@ -37,10 +37,17 @@ class CoreConfig:
 
 
 # ---- what the caller tells the core ---------------------------------------------------------
+def group_id(step: int, prompt_index: int) -> str:
+    """The GRPO group of the `prompt_index`-th prompt of step `step` (0-based): its n samples share it.
+
+    The one format of a group id, for the real coordinator and the simulator alike."""
+    return f"s{step}-p{prompt_index}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class NewRequest:
     request_id: str
-    group_id: str  # the GRPO group (n samples of one prompt in one step)
+    group_id: str  # the GRPO group (n samples of one prompt in one step): `group_id(step, prompt_index)`
     prompt_id: str  # the task id: routers learn per prompt, the ledger records it when trained
     prompt_tokens: int
     task: object = None  # the caller's own payload (a Task, a TrajSpec), handed back in `Add`

@@ -224,9 +224,10 @@ class Coordinator:
             for j in range(self.cfg.step.prompts_per_step):
                 task = self.task_for(s, j)
                 prompt_ids = self._prompt_ids(task)
+                group = commands.group_id(s, j)
                 for i in range(self.cfg.step.samples_per_prompt):
-                    requests.append(commands.NewRequest(request_id=f"s{s}-p{j}-n{i}", group_id=f"s{s}-p{j}",
-                                                    prompt_id=task.task_id, prompt_tokens=len(prompt_ids), task=task))
+                    requests.append(commands.NewRequest(request_id=f"{group}-n{i}", group_id=group,
+                                                        prompt_id=task.task_id, prompt_tokens=len(prompt_ids), task=task))
             for r in requests:  # one by one, on this loop: what the simulator charges per step (env_start_s)
                 t0 = time.monotonic()
                 self.episodes[r.request_id] = self.env.start(r.task)

@@ -12,6 +12,7 @@ from scheduler.routers import LeastLoadRouter
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.workload import TrajSpec
+from steps.commands import group_id
 
 
 class FakeCost:
@@ -227,3 +228,14 @@ def test_on_shared_cores_two_busy_engines_each_run_at_half_speed():
     # each: prefill 100 tokens (0.1 s) + 10 decode iterations (0.1 s), on its own engine
     assert rollout_s(FakeCost()) == pytest.approx(0.2)
     assert rollout_s(OneCoreCost()) == pytest.approx(0.4)  # two busy ranks on one core
+
+
+def test_a_group_is_one_prompt_of_one_step_named_as_the_coordinator_names_it():
+    specs = [dataclasses.replace(_spec(rid=f"{p}{i}"), prompt_id=p) for p in ("a", "b") for i in range(2)]
+    sim = _sim(specs)
+    seen, admit = [], sim.core.admit
+    sim.core.admit = lambda step, requests, now: (seen.extend(requests), admit(step, requests, now))[1]
+    sim.run()
+    assert {r.request_id: r.group_id for r in seen} == {"s0-a0": group_id(0, 0), "s0-a1": group_id(0, 0),
+                                                        "s0-b0": group_id(0, 1), "s0-b1": group_id(0, 1)}
+    assert group_id(0, 1) == "s0-p1"  # the coordinator's request ids extend it: s0-p1-n0, s0-p1-n1, ...
