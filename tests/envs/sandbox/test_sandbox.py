@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import sandbox as sandbox_mod
+from envs.sandbox import startup as startup_mod
 from envs.sandbox import fs as sfs
 from envs.base import ToolInfraError
 from envs.config import EnvConfig
@@ -298,7 +298,7 @@ def test_rlimits_mode_is_refused_without_root(monkeypatch, tmp_path):
 
 
 def test_rlimits_warns_what_it_lacks(caplog):
-    sandbox_mod._warned.clear()
+    startup_mod._warned.clear()
     with caplog.at_level("WARNING", logger="envs.sandbox.sandbox"):
         sb = Sandbox(SandboxConfig(**{**CFG.__dict__, "isolation": "rlimits"}))
     text = " ".join(r.getMessage() for r in caplog.records)
