@@ -32,7 +32,7 @@ import torch
 from engine.rollout import runner as rollout_runner
 from engine.models import load_policy
 from engine.precision import cpu_has_bf16_matmul
-from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest, eos_ids
 from envs.base import Task
 
 
@@ -117,7 +117,7 @@ def run_generate(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids_list])
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids_list])
-    stop = sorted(RolloutEngine._eos_ids(tok, getattr(model, "generation_config", None)))
+    stop = sorted(eos_ids(tok, getattr(model, "generation_config", None)))
     start = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                          eos_token_id=stop, pad_token_id=pad)

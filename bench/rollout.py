@@ -39,6 +39,7 @@ import torch
 from engine.chat import TOOL_CALL_CLOSE, has_tool_call, render_tool_response
 from engine.models import load_policy, render_prompt
 from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest
+from engine.rollout.engine import eos_ids as turn_end_ids
 from envs.base import Task, ToolResult
 
 DENSE_TOKENS = 300
@@ -184,7 +185,7 @@ def run_raw_vllm(eng, tok, tasks, prompts, args) -> tuple[int, float, int]:
         turn_start[rid] = len(ids[rid])
         params = SamplingParams(temperature=0.0, max_tokens=min(args.max_new_tokens, 4096 - len(ids[rid])), logprobs=0,
                                 stop_token_ids=stop_ids, ignore_eos=True, detokenize=False, skip_special_tokens=False,
-                                output_kind=RequestOutputKind.DELTA, extra_args=eng._extra_args)
+                                output_kind=RequestOutputKind.DELTA, extra_args=eng.runner.extra_args)
         llm.add_request(f"{rid}#{turns[rid]}", {"prompt_token_ids": list(ids[rid])}, params)
 
     for rid in ids:
@@ -245,7 +246,7 @@ def _turn_end(tok, row: list[int], eos_ids: set[int]) -> int:
 
 
 def _generate_wave(model, tok, tasks, prompts, args) -> tuple[int, float, int]:
-    eos_ids = RolloutEngine._eos_ids(tok, getattr(model, "generation_config", None))
+    eos_ids = turn_end_ids(tok, getattr(model, "generation_config", None))
     episodes = {t.task_id: Episode(t.task_id, args.max_latency_s, args.seed) for t in tasks}
     live = {t.task_id: list(ids) for t, ids in zip(tasks, prompts)}
     pool = cf.ThreadPoolExecutor(args.num_trajectories)

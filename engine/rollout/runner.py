@@ -1,4 +1,8 @@
-"""The KV-cache side of the rollout engine: one batched in-place KV cache plus parked per-request KV.
+"""The torch decode backend: one batched in-place KV cache plus parked per-request KV, and the sampling.
+
+`BatchRunner` implements `DecodeBackend` (engine/rollout/backend.py) for the torch engine
+(engine/rollout/engine.py): `join` prefills and samples, `step` decodes and samples, `end_turns`
+parks, drops and admits. Underneath are the KV ops, also used on their own (benches, tests):
 
 Algorithm:
   1. Rows of the running batch share one `InPlaceCache` (engine/rollout/kv_cache.py: decode writes
@@ -15,6 +19,10 @@ Algorithm:
      `serve_step` replays ops until the leader's `KvOp.END_STEP`, so the sharded forwards (and
      their collectives) line up.
 
+Sampling (`join`/`step`, on the leader): log-probs of the distribution at the temperature (before
+top-p; the trainer's convention, in fp32 whatever the model's dtype); greedy at temperature 0;
+otherwise each request draws from its own generator, with nucleus `top_p`.
+
 Invariants (tests/test_rollout*.py): logits of a row never depend on the other rows (matches a
 full recompute of the sequence alone within 1e-5); a parked row resumes with exactly its own KV.
 """
@@ -29,6 +37,8 @@ import logging
 import torch
 from transformers import DynamicCache
 
+from engine.devices import empty_cache
+from engine.rollout.backend import Sampled, SeqView
 from engine.rollout.cpu_linear import engine_forward, route_linears
 from engine.rollout.kv_cache import InPlaceCache
 
@@ -56,14 +66,18 @@ class KvOp(enum.Enum):
 
 
 class BatchRunner:
-    def __init__(self, model, *, device, tp_group=None):
+    def __init__(self, model, *, device, tp_group=None, temperature: float = 1.0, top_p: float = 1.0):
         self.model = model
         self.device = torch.device(device)
         self.tp_group = tp_group
+        self.temperature, self.top_p = temperature, top_p  # sampling (`join`/`step`); temperature 0 is greedy
         self.rows: list[str] = []  # request ids in batch order
         self.lens: list[int] = []  # valid KV columns per row
         self.cache: InPlaceCache | None = None
         self.parked: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = {}  # rid -> (per-layer (k, v), length)
+        self._seqs: dict[str, SeqView] = {}  # requests joined and not ended or dropped: their tokens and generators
+        self._joining: list[str] = []  # requests of the last `join`, parked until `end_turns` admits them
+        self._offloaded = False
         if self.device.type == "cpu":
             route_linears(model)  # the engine's forwards run oneDNN's matmul (engine/rollout/cpu_linear.py)
         self._leader_rank = None
@@ -99,7 +113,87 @@ class BatchRunner:
                 return args[0]
             replay[op](*args)
 
-    # ---- public ops (leader) ------------------------------------------------------------
+    # ---- DecodeBackend (leader; a follower only runs update_weights and serve_step) ------------------
+    def join(self, seqs: list[SeqView]) -> list[Sampled]:
+        rids = [s.request_id for s in seqs]
+        logits = self.prefill(rids, [s.ids[self.cached_len(r):] for r, s in zip(rids, seqs)])
+        self._seqs.update(zip(rids, seqs))
+        self._joining = rids
+        return [Sampled(rid, [tok], [lp], False) for rid, (tok, lp) in zip(rids, self._sample(logits, seqs))]
+
+    def step(self) -> list[Sampled]:
+        rows = list(self.rows)
+        seqs = [self._seqs[r] for r in rows]
+        logits = self.decode([s.ids[-1] for s in seqs])
+        return [Sampled(rid, [tok], [lp], False) for rid, (tok, lp) in zip(rows, self._sample(logits, seqs))]
+
+    def end_turns(self, parked: list[str], finished: list[str]) -> None:
+        # a joining request whose turn ended at its first token is parked already (prefill parks every row)
+        joining, self._joining = self._joining, []
+        left = set(parked) | set(finished)
+        if from_batch := [r for r in parked if r not in joining]:
+            self.park(from_batch)
+        if finished:
+            self.drop(finished)  # one copy of the batch, however many rows finish together
+        if admitted := [r for r in joining if r not in left]:
+            self.admit(admitted)
+        for rid in parked:
+            self._seqs.pop(rid, None)
+
+    def update_weights(self, named_tensors: dict, policy_version: int, *, recompute_kv: bool) -> list[str]:
+        """In place (full tensors; a TP shard takes its slice). The KV stays, unless `recompute_kv`: then the
+        leader drops every request's KV and returns the running ones, to re-prefill on the new weights."""
+        from engine.rollout.tp import load_full_weights
+
+        load_full_weights(self.model, named_tensors)
+        if not (recompute_kv and self.is_leader):
+            return []
+        running = list(self.rows)
+        self.drop(running + list(self.parked))
+        return running
+
+    @property
+    def offloaded(self) -> bool:
+        return self._offloaded
+
+    def offload(self) -> None:
+        """Drop the KV cache, move the weights to the host (not for a TP-sharded model: its DTensor shards
+        stay), return cached blocks to the device."""
+        self.cache = None
+        self.parked.clear()
+        if self.tp_group is None and self.device.type != "cpu":
+            self.model.to("cpu")
+            self._offloaded = True
+        empty_cache(self.device)
+
+    def reload(self) -> None:
+        if self._offloaded:
+            self.model.to(self.device)
+            self._offloaded = False
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to whoever built the runner."""
+
+    def _sample(self, logits: torch.Tensor, seqs: list[SeqView]) -> list[tuple[int, float]]:
+        t = self.temperature
+        logits = logits.float()  # a bf16 policy (CUDA/NPU) samples and reports log-probs in fp32
+        logp = torch.log_softmax(logits / t if t > 0 else logits, dim=-1)
+        if t == 0:
+            toks = logp.argmax(-1).tolist()
+            return [(tok, logp[i, tok].item()) for i, tok in enumerate(toks)]
+        out = []
+        for i, seq in enumerate(seqs):
+            probs = logp[i].exp()
+            if self.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                # keep the smallest prefix whose mass reaches top_p (the top token always stays)
+                drop = sorted_p.cumsum(0) - sorted_p >= self.top_p
+                probs = torch.zeros_like(probs).scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+            tok = int(torch.multinomial(probs, 1, generator=seq.generator(self.device)))
+            out.append((tok, logp[i, tok].item()))
+        return out
+
+    # ---- KV ops (leader; broadcast to TP followers) ----------------------------------------------
     def prefill(self, rids: list[str], new_lists: list[list[int]]) -> torch.Tensor:
         """Prefill the uncached tokens of several requests at once; logits [len(rids), vocab]."""
         self._send((KvOp.PREFILL, rids, new_lists))
@@ -117,15 +211,12 @@ class BatchRunner:
         """Forget these requests' KV, batched or parked: one copy of the batch however many leave."""
         self._send((KvOp.DROP, rids))
         self._drop(rids)
+        for rid in rids:
+            self._seqs.pop(rid, None)
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
         self._send((KvOp.DECODE, tokens))
         return self._decode(tokens)
-
-    def set_weights(self, named_tensors: dict) -> None:
-        from engine.rollout.tp import load_full_weights
-
-        load_full_weights(self.model, named_tensors)
 
     def cached_len(self, rid: str) -> int:
         if rid in self.parked:

@@ -1,16 +1,17 @@
-"""vLLM rollout backend (`--rollout.backend vllm`): the RolloutEngine's turn logic over a vLLM engine.
+"""vLLM rollout backend (`--rollout.backend vllm`): the shared turn logic over a vLLM engine.
 
-`VllmRolloutEngine` subclasses `RolloutEngine` and swaps its KV side (`BatchRunner`) for a vLLM
-`LLMEngine` (its engine core in a child process, see below), so tool calls, scoring, limits, events, export/migration and
-trajectories are the very same code as the torch engine's; only joining and decoding differ:
+`VllmRolloutEngine` is the `TurnEngine` of engine/rollout/turns.py over a `VllmRunner`, the
+`DecodeBackend` (engine/rollout/backend.py) that drives a vLLM `LLMEngine` (its engine core in a
+child process, see below). Tool calls, scoring, limits, events, export/migration and trajectories
+are the very same code as the torch engine's; only what the backend does differs:
   1. Join: a ready request is submitted to vLLM as token ids (its whole context: prompt, model
      and tool tokens) with `max_tokens` = what is left of its turn and total budget, the eos ids
      and a one-token `</tool_call>` as stop ids, `logprobs=0` (the sampled token's log-prob) and
      delta outputs. Prefix caching makes the resubmission after a tool call prefill only the new
      tokens (the tool's output), as the torch engine's parked KV does.
-  2. Decode: one `LLMEngine.step()`; every new token goes through `RolloutEngine._advance` (which
-     records token, mask, log-prob and policy version and decides the end of the turn); a turn
-     that ends is aborted in vLLM if vLLM did not stop it itself.
+  2. Decode: one `LLMEngine.step()`; the turn logic reads every new token (it records token, mask,
+     log-prob and policy version and decides the end of the turn); a turn that ends is aborted in
+     vLLM (`end_turns`) if vLLM did not stop it itself.
   3. Weights: `set_weights` queues them; the next `step()` loads them in place into vLLM's model
      (vLLM's `reload_weights`, from a file, see below), no restart. The running turns are ended
      first and rejoin right after (tokens the engine core made but `step()` had not read are
@@ -65,10 +66,11 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.rollout.engine import RolloutEngine
-from engine.rollout.api import Phase, RolloutConfig
+from engine.rollout.api import RolloutConfig
+from engine.rollout.backend import Sampled, SeqView
+from engine.rollout.turns import TurnEngine, eos_ids, tool_call_close_id
 
-__all__ = ["VllmRolloutEngine", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "visible_devices_env", "VLLM_FIX"]
+__all__ = ["VllmRolloutEngine", "VllmRunner", "WeightFileLoader", "check_backend", "check_layout", "check_vllm", "visible_devices_env", "VLLM_FIX"]
 
 log = logging.getLogger(__name__)
 
@@ -170,33 +172,34 @@ class WeightFileLoader:
         return len(named)
 
 
-class _VllmRunner:
-    """The part of `BatchRunner`'s surface the shared engine code uses, over an `LLMEngine`."""
+class VllmRunner:
+    """`DecodeBackend` (engine/rollout/backend.py) over a vLLM `LLMEngine`: vLLM samples, its prefix cache holds the KV."""
 
-    is_leader = True
-    tp_group = None
-    model = None
-    cache = None
+    is_leader = True  # the engine runs on the instance's leader; vLLM's own workers do the TP, no rank replays ops
 
-    def __init__(self, llm, device_type: str):
+    def __init__(self, llm, cfg: RolloutConfig, *, stop_ids: set[int], policy_version: int, device_type: str,
+                 extra_args: dict | None = None):
         self.llm = llm
-        self.device = torch.device("cpu")  # per-request torch generators (unused here) live on the host
+        self.cfg = cfg
+        self.stop_ids = sorted(stop_ids)  # eos ids and a one-token `</tool_call>`: vLLM ends the turn there itself
+        self.extra_args = extra_args  # every submission's SamplingParams.extra_args (vllm_script.ScriptLogits reads it)
+        self.salt = f"v{policy_version}"  # cache salt of KV computed with the current weights
         self.device_type = device_type
         self.rows: list[str] = []  # requests submitted to vLLM and not finished there
         self.parked: dict[str, str] = {}  # request id -> cache salt of its KV (requests between turns)
         self._submission: dict[str, str] = {}  # request id -> vLLM request id of its current turn
         self._count = 0
+        self._offloaded = False
 
-    def submit(self, rid: str, ids: list[int], params, salt: str) -> None:
-        self._count += 1
-        sub = f"{rid}#{self._count}"  # a fresh vLLM id per turn: never races an abort of the previous one
-        self.llm.add_request(sub, {"prompt_token_ids": list(ids), "cache_salt": salt}, params)
-        self._submission[rid] = sub
-        self.parked[rid] = salt
-        self.rows.append(rid)
+    # ---- DecodeBackend --------------------------------------------------------------------
+    def join(self, seqs: list[SeqView]) -> list[Sampled]:
+        """Submit each turn; its tokens come from `step`. A request keeps the salt its KV was computed under."""
+        for seq in seqs:
+            self.submit(seq.request_id, seq.ids, self._params(seq), self.parked.get(seq.request_id, self.salt))
+        return []
 
-    def step(self) -> list[tuple[str, list[int], list[float], bool]]:
-        """One vLLM step: (request id, new tokens, their log-probs, finished by vLLM) per request with output."""
+    def step(self) -> list[Sampled]:
+        """One vLLM step: the new tokens, their log-probs and whether vLLM finished the turn, per request with output."""
         by_sub = {sub: rid for rid, sub in self._submission.items()}
         out = []
         for o in self.llm.step():
@@ -209,8 +212,82 @@ class _VllmRunner:
             assert len(lps) == len(toks), f"vLLM returned {len(toks)} tokens but {len(lps)} log-probs for {rid}"
             if o.finished:
                 self._end(rid)
-            out.append((rid, toks, lps, o.finished))
+            out.append(Sampled(rid, toks, lps, o.finished))
         return out
+
+    def end_turns(self, parked: list[str], finished: list[str]) -> None:
+        self.park(parked)
+        self.drop(finished)
+
+    def drop(self, rids: list[str]) -> None:
+        self.park(rids)
+        for r in rids:
+            self.parked.pop(r, None)
+
+    def update_weights(self, named_tensors: dict, policy_version: int, *, recompute_kv: bool) -> list[str]:
+        """End the running turns (their KV stays cached under their salt), load the weights, and return those
+        turns to rejoin. vLLM's engine core runs ahead of `step()`; tokens it made that were not yet read are
+        dropped, so every recorded token was read before the update (old version) or sampled after it (new
+        version). With `recompute_kv` every request forgets its salt: its whole KV is recomputed."""
+        running = list(self.rows)
+        self.park(running)
+        self._load_weights(named_tensors)
+        self.salt = f"v{policy_version}"
+        if recompute_kv:
+            self.parked.clear()
+        return running
+
+    def end_step(self, *, idle: bool) -> None:
+        """Nothing to tell: no rank replays this engine's steps."""
+
+    def serve_step(self) -> bool:
+        raise RuntimeError("a vLLM instance has no follower engine: its followers lend their devices and run no engine")
+
+    @property
+    def offloaded(self) -> bool:
+        return self._offloaded
+
+    def offload(self) -> None:
+        """On CUDA/NPU vLLM sleeps (weights and KV leave the device); on CPU there is nothing to give back."""
+        self.parked.clear()
+        if self.device_type != "cpu":
+            self.llm.sleep(level=1)
+            self._offloaded = True
+
+    def reload(self) -> None:
+        if self._offloaded:
+            self.llm.wake_up()
+            self._offloaded = False
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut vLLM down; a process holds one live vLLM engine at a time (a second one fails to start)."""
+        if self.llm is not None:
+            self.llm.engine_core.shutdown()
+        self.rows.clear()
+        self.llm = None
+
+    # ---- vLLM requests ------------------------------------------------------------------------
+    def submit(self, rid: str, ids: list[int], params, salt: str) -> None:
+        self._count += 1
+        sub = f"{rid}#{self._count}"  # a fresh vLLM id per turn: never races an abort of the previous one
+        self.llm.add_request(sub, {"prompt_token_ids": list(ids), "cache_salt": salt}, params)
+        self._submission[rid] = sub
+        self.parked[rid] = salt
+        self.rows.append(rid)
+
+    def _params(self, seq: SeqView):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        n = len(seq.ids)
+        left = min(self.cfg.max_new_tokens_per_turn - (n - seq.turn_start), self.cfg.max_total_tokens - n)
+        assert left >= 1, f"{seq.request_id} joined with no token budget left ({n} tokens, turn start {seq.turn_start})"
+        t = self.cfg.temperature
+        return SamplingParams(temperature=t, top_p=self.cfg.top_p if t > 0 else 1.0, max_tokens=left, logprobs=0,
+                              stop_token_ids=self.stop_ids, ignore_eos=True, detokenize=False, skip_special_tokens=False,
+                              output_kind=RequestOutputKind.DELTA, extra_args=self.extra_args,
+                              seed=zlib.crc32(f"{self.cfg.seed}:{seq.request_id}:{n}".encode()) if t > 0 else None)
 
     def _end(self, rid: str) -> None:
         self._submission.pop(rid, None)
@@ -225,15 +302,7 @@ class _VllmRunner:
         for r in rids:
             self._end(r)
 
-    def drop(self, rids: list[str]) -> None:
-        self.park(rids)
-        for r in rids:
-            self.parked.pop(r, None)
-
-    def end_step(self, *, idle: bool) -> None:
-        pass
-
-    def set_weights(self, named: dict) -> None:
+    def _load_weights(self, named: dict) -> None:
         # vLLM's in-place reload: checkpoint names in, its own fusing/repacking after (a plain
         # `model.load_weights` fails on CPU once the loader has repacked the linear layers)
         # the engine core is another process and tensors inside RPC arguments arrive there as nested lists:
@@ -253,8 +322,9 @@ class _VllmRunner:
             self.llm.collective_rpc("libra_load_weights", args=(f.name,))
 
 
+class VllmRolloutEngine(TurnEngine):
+    """The shared turn logic over a `VllmRunner` (its engine core started here)."""
 
-class VllmRolloutEngine(RolloutEngine):
     def __init__(self, model_dir, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0,
                  instance_id: int = 0, tensor_parallel_size: int = 1, dtype: str = "float32", kv_cache_mb: int = 512,
                  recompute_kv_on_update: bool = False, engine_kwargs: dict | None = None,
@@ -264,121 +334,49 @@ class VllmRolloutEngine(RolloutEngine):
         check_layout(config, cfg, device_type=device_type, where=str(model_dir))
         check_vllm()
         from transformers import GenerationConfig
-        from vllm import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
 
-        args = dict(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                    enable_prefix_caching=True, max_model_len=cfg.max_total_tokens, max_num_seqs=cfg.max_batch,
-                    generation_config="vllm", logprobs_mode=logprobs_mode(cfg), seed=cfg.seed,
-                    kv_cache_memory_bytes=kv_cache_mb << 20, disable_log_stats=True)
-        if device_type == "cpu":
-            args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
-        args.update(engine_kwargs or {})
-        args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
-        # each vLLM worker computes with this process's thread count (vLLM drops to 1 unless OMP_NUM_THREADS says
-        # otherwise) and sees only the instance's devices (the child inherits the env at spawn)
-        env = {"OMP_NUM_THREADS": str(threads or torch.get_num_threads()), **visible_devices_env(devices or [])}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            self.llm = LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)  # why: module docstring
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k)
-                else:
-                    os.environ[k] = v
-        self.recompute_kv_on_update = recompute_kv_on_update
-        self._extra_args = sampling_extra_args
+        llm = _start_llm(model_dir, cfg, tensor_parallel_size=tensor_parallel_size, dtype=dtype, kv_cache_mb=kv_cache_mb,
+                         device_type=device_type, engine_kwargs=engine_kwargs, threads=threads, devices=devices)
         try:
             gen = GenerationConfig.from_pretrained(model_dir)
         except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos alone
             gen = SimpleNamespace(eos_token_id=None)
-        self._init_state(_VllmRunner(self.llm, device_type), tokenizer, cfg, policy_version, instance_id, generation_config=gen)
+        close = tool_call_close_id(tokenizer)
+        runner = VllmRunner(llm, cfg, stop_ids=eos_ids(tokenizer, gen) | ({close} if close is not None else set()),
+                            policy_version=policy_version, device_type=device_type, extra_args=sampling_extra_args)
+        super().__init__(runner, tokenizer, cfg, policy_version=policy_version, instance_id=instance_id,
+                         recompute_kv_on_update=recompute_kv_on_update, generation_config=gen)
 
-    # ---- the two places the torch engine runs its model --------------------------------------
-    def _join(self, events: list) -> None:
-        room = self.cfg.max_batch - len(self.runner.rows)
-        for rid in [self.ready.popleft() for _ in range(min(room, len(self.ready)))]:
-            seq = self.seqs[rid]
-            salt = self.runner.parked.get(rid, f"v{self.policy_version}")
-            self.runner.submit(rid, seq.ids, self._params(seq), salt)
-            seq.phase = Phase.RUNNING
+    @property
+    def llm(self):
+        """The vLLM `LLMEngine` (None once closed)."""
+        return self.runner.llm
 
-    def _decode(self, events: list) -> None:
-        leave = []
-        for rid, toks, lps, finished in self.runner.step():
-            seq = self.seqs[rid]
-            ended = False
-            for tok, lp in zip(toks, lps):
-                if not self._advance(seq, tok, lp, events):
-                    ended = True
-                    break
-            assert ended or not finished, (f"vLLM ended {rid}'s turn at {len(seq.ids)} tokens but the engine's limits did not "
-                                           f"(turn start {seq.st.turn_start}, last token {seq.ids[-1]})")
-            if ended:
-                leave.append(rid)
-        for rid in leave:
-            seq = self.seqs.get(rid)
-            if seq is not None and seq.phase is Phase.TOOL:
-                self.runner.park([rid])
+
+def _start_llm(model_dir, cfg: RolloutConfig, *, tensor_parallel_size: int, dtype: str, kv_cache_mb: int, device_type: str,
+               engine_kwargs: dict | None, threads: int, devices: list[str] | None):
+    """vLLM's `LLMEngine` over the model directory, its engine core a spawned child (why: module docstring)."""
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = dict(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                enable_prefix_caching=True, max_model_len=cfg.max_total_tokens, max_num_seqs=cfg.max_batch,
+                generation_config="vllm", logprobs_mode=logprobs_mode(cfg), seed=cfg.seed,
+                kv_cache_memory_bytes=kv_cache_mb << 20, disable_log_stats=True)
+    if device_type == "cpu":
+        args["enforce_eager"] = True  # no torch.compile: start-up in seconds on 2 cores
+    args.update(engine_kwargs or {})
+    args["worker_extension_cls"] = f"{__name__}.WeightFileLoader"
+    # each vLLM worker computes with this process's thread count (vLLM drops to 1 unless OMP_NUM_THREADS says
+    # otherwise) and sees only the instance's devices (the child inherits the env at spawn)
+    env = {"OMP_NUM_THREADS": str(threads or torch.get_num_threads()), **visible_devices_env(devices or [])}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return LLMEngine.from_engine_args(EngineArgs(**args), enable_multiprocessing=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
             else:
-                self.runner.drop([rid])
-
-    def _params(self, seq):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        n = len(seq.ids)
-        left = min(self.cfg.max_new_tokens_per_turn - (n - seq.st.turn_start), self.cfg.max_total_tokens - n)
-        assert left >= 1, f"{seq.req.request_id} joined with no token budget left ({n} tokens, turn start {seq.st.turn_start})"
-        stops = sorted(self.eos_ids | ({self._close_call_id} if self._close_call_id is not None else set()))
-        t = self.cfg.temperature
-        return SamplingParams(temperature=t, top_p=self.cfg.top_p if t > 0 else 1.0, max_tokens=left, logprobs=0,
-                              stop_token_ids=stops, ignore_eos=True, detokenize=False, skip_special_tokens=False,
-                              output_kind=RequestOutputKind.DELTA, extra_args=self._extra_args,
-                              seed=zlib.crc32(f"{self.cfg.seed}:{seq.req.request_id}:{n}".encode()) if t > 0 else None)
-
-    def step(self) -> list:
-        if self._pending_weights is not None:
-            self._requeue_running()
-        return super().step()
-
-    def _requeue_running(self) -> None:
-        """Before new weights: end the running turns in vLLM and queue them to rejoin first. vLLM's engine core runs
-        ahead of `step()`; tokens it made that were not yet read are dropped, so every recorded token was read
-        before the update (old version) or sampled after it (new version): no token gets the wrong version."""
-        running = list(self.runner.rows)
-        self.runner.park(running)  # their KV stays cached under their salt
-        for rid in reversed(running):
-            self.seqs[rid].phase = Phase.READY
-            self.ready.appendleft(rid)
-        self._num_requeued = len(running)
-
-    def _interrupt_for_recompute(self) -> None:
-        # every request gets the new version's salt: its whole KV is recomputed with the new weights
-        self.num_recomputed += self._num_requeued
-        self.runner.parked.clear()
-
-    # ---- colocation ------------------------------------------------------------------------
-    def offload(self) -> None:
-        """On CUDA/NPU vLLM sleeps (weights and KV leave the device); on CPU there is nothing to give back."""
-        assert self.idle and not self.runner.rows, "offload() with requests in flight; drain the engine first"
-        self.runner.parked.clear()
-        if self.runner.device_type != "cpu":
-            self.llm.sleep(level=1)
-            self._offloaded = True
-
-    def reload(self) -> None:
-        if self._offloaded:
-            self.llm.wake_up()
-            self._offloaded = False
-            self.llm.reset_prefix_cache()
-
-    def close(self) -> None:
-        """Shut vLLM down; a process holds one live vLLM engine at a time (a second one fails to start)."""
-        super().close()
-        if self.llm is not None:
-            self.llm.engine_core.shutdown()
-        self.runner.rows.clear()
-        self.llm = self.runner.llm = None
+                os.environ[k] = v

@@ -122,10 +122,10 @@ def unscripted(eng):
     """The shared engine with its script switched off (the processor returns None without one)."""
     class Off:
         def __enter__(self):
-            self.saved, eng._extra_args = eng._extra_args, None
+            self.saved, eng.runner.extra_args = eng.runner.extra_args, None
 
         def __exit__(self, *exc):
-            eng._extra_args = self.saved
+            eng.runner.extra_args = self.saved
 
     return Off()
 
