@@ -14,6 +14,12 @@ Router protocol (implemented by `scheduler/cmlfq.py` and `scheduler/routers.py`)
                                                                    # (MLFQ demotion safety net)
     router.on_finish(request_id, total_tokens, now) -> None       # also feeds the prefix tree
     router.on_cancel(request_id, now) -> None
+    router.tree_json() -> str | None                               # what it learned, for a checkpoint
+                                                                   # (C-MLFQ's prefix tree; None: nothing)
+    router.load_tree_json(text) -> None                            # warm start from an earlier tree_json
+
+`scheduler/routers.py`'s `BaseRouter` implements all of it (a router that learns nothing returns
+None and ignores a warm start), so callers call these methods and never probe a router for extras.
 
 Planner protocol (`scheduler/planner.py`):
 
@@ -102,6 +108,10 @@ class Router(Protocol):
     def on_finish(self, request_id: str, total_tokens: int, now: float) -> None: ...
 
     def on_cancel(self, request_id: str, now: float) -> None: ...
+
+    def tree_json(self) -> str | None: ...
+
+    def load_tree_json(self, text: str) -> None: ...
 
 
 class Planner(Protocol):

@@ -24,8 +24,8 @@ Algorithm (Libra, arXiv 2606.03077, section on C-MLFQ):
    A held request stays where it decodes and is looked at again at its next tool return or
    progress report.
 4. Finish: the request's (prompt, outcomes, tokens at each, total) record feeds the tree, which
-   is rebuilt every `rebuild_every` finishes from the last `window` records. `tree.to_json()` /
-   `load_tree_json` warm-start a run from the previous one's tree.
+   is rebuilt every `rebuild_every` finishes from the last `window` records. `tree_json()` /
+   `load_tree_json` (the `Router` protocol's learned state) warm-start a run from the previous one's tree.
 
 Never to a shorter bucket, at most one migration per event, O(1) per event (plus a re-walk of the
 request's own outcome list once after a rebuild).
@@ -128,7 +128,10 @@ class CMLFQRouter(BaseRouter):
             logger.debug("prefix tree rebuilt from %d trajectories (generation %d)", self.tree.num_records,
                          self.tree.generation)
 
-    # ---- warm start (the caller reads/writes the file) -------------------------------------
+    # ---- learned state: checkpoints and warm starts (the caller reads/writes the file) --------
+    def tree_json(self) -> str | None:
+        return self.tree.to_json()
+
     def load_tree_json(self, text: str) -> None:
         self.tree = CausalPrefixTree.from_json(text, self.cfg.tree)
         for req in self._reqs.values():

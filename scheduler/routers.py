@@ -12,6 +12,8 @@ all share:
    instance id, which keeps routing deterministic.
 3. The router remembers each request's outcomes and the tokens at each, so `on_finish` can
    hand a complete `TrajectoryRecord` to whoever learns from it (C-MLFQ's prefix tree).
+4. What a router learned that outlives a run (`tree_json` / `load_tree_json`, for checkpoints
+   and warm starts): nothing here (None, and a warm start is ignored); C-MLFQ overrides both.
 
 Policies here (C-MLFQ is in `scheduler/cmlfq.py`):
 - `LeastLoadRouter` (`least_load`): least-loaded instance over all instances, never migrates.
@@ -231,6 +233,14 @@ class BaseRouter:
     def record_of(self, req: RouterRequest, total_tokens: int) -> TrajectoryRecord:
         return TrajectoryRecord(prompt_id=req.prompt_id, prompt_tokens=req.prompt_tokens, outcomes=tuple(req.outcomes),
                                 tokens_at=tuple(req.tokens_at), total_tokens=total_tokens)
+
+    # ---- learned state (checkpoints, warm starts) --------------------------------------------
+    def tree_json(self) -> str | None:
+        """What this router learned, as JSON for a checkpoint; None: nothing (these routers keep no tree)."""
+        return None
+
+    def load_tree_json(self, text: str) -> None:
+        """Warm start from an earlier run's `tree_json`; a router without a tree has nothing to load."""
 
     # ---- introspection (tests, metrics) ------------------------------------------------------
     @property

@@ -154,6 +154,14 @@ def test_router_warm_start_from_json():
     assert r.on_tool_return("a", FAIL, 300, 1.0).migrate
 
 
+def test_the_learned_tree_is_the_routers_tree_json():
+    src = _trained_router()
+    assert src.tree_json() == src.tree.to_json()
+    r = CMLFQRouter(CFG)
+    r.load_tree_json(src.tree_json())
+    assert r.tree_json() == src.tree_json()
+
+
 @pytest.mark.parametrize("kw, msg", [
     (dict(window=0), r"window=0 and rebuild_every=64 must be >= 1"),
     (dict(min_samples=0), r"min_samples=0 must be >= 1"),

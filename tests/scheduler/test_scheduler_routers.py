@@ -87,6 +87,25 @@ def _three_bucket_router(cls):
     return r
 
 
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_every_router_implements_the_whole_protocol(kind):
+    """Callers never probe a router for extras: every method of `Router` is there, learned state included."""
+    import inspect
+
+    from scheduler.api import Router
+
+    wanted = {n for n, _ in inspect.getmembers(Router, inspect.isfunction) if not n.startswith("_")}
+    assert wanted >= {"admit", "tree_json", "load_tree_json"}
+    r = _three_bucket_router(ROUTERS[kind])
+    assert all(callable(getattr(r, n, None)) for n in wanted)
+    learned = r.tree_json()
+    if kind != "cmlfq":
+        assert learned is None
+        r.load_tree_json('{"format": "libra-prefix-tree/1"}')  # ignored: nothing to load
+    r.load_tree_json(learned or "")
+    assert r.admit("a", "p", 10, 0.0).bucket == "short"
+
+
 def test_least_load_spreads_over_all_instances_and_never_migrates():
     r = _three_bucket_router(LeastLoadRouter)
     routes = [r.admit(f"r{i}", "p", 100, 0.0) for i in range(4)]
