@@ -180,7 +180,7 @@ class ClusterSim:
                for s in specs]
         touched = set()
         for add in self.core.admit(j, new, self.now):
-            req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now)
+            req = self.reqs[add.request_id] = SimRequest(add.task, j, self.core.version, self.now, add.group_id)
             if self.admitted is not None:
                 self.admitted.append(req)
             req.instance_id = add.instance_id
@@ -281,16 +281,17 @@ class ClusterSim:
         tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
         num_trainer = len(self.role_map.trainer_ranks)
         # the real trainer skips a step in which no group's rewards differ: its gradient is zero
-        dur = self.cost.train_s(tokens, num_trainer) if has_signal(batch.payloads) else 0.0
+        stepped = core.has_signal((r.group_id, r.spec.reward) for r in batch.payloads)
+        dur = self.cost.train_s(tokens, num_trainer) if stepped else 0.0
         self.training = dur > 0
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
             dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores, num_trainer)
         self.trainer_busy = True
-        self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens))
+        self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens, stepped))
 
-    def _on_train_done(self, dur: float, tokens: int) -> None:
+    def _on_train_done(self, dur: float, tokens: int, stepped: bool) -> None:
         self.training = False
-        self.core.on_trained(train_s=dur, train_tokens=tokens)
+        self.core.on_trained(train_s=dur, stepped=stepped, train_tokens=tokens)
         rm = self.role_map
         sync = 0.0 if self.free_sync else self.cost.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks), rm.colocated)
         for inst in self.instances.values():
@@ -349,16 +350,6 @@ class ClusterSim:
             self.instances[req.instance_id].queue.append(req)
         for inst in self.instances.values():
             self._kick(inst)
-
-
-def has_signal(requests) -> bool:
-    """False when every trajectory's reward is known and no group (step, prompt) has two different rewards."""
-    groups: dict[tuple, set] = {}
-    for r in requests:
-        if r.spec.reward is None:
-            return True
-        groups.setdefault((r.batch, r.spec.prompt_id), set()).add(r.spec.reward)
-    return any(len(rewards) > 1 for rewards in groups.values())
 
 
 def kv_capacity_tokens(cost, tp: int, mem_frac: float = 0.9) -> float:

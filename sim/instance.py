@@ -25,11 +25,13 @@ class SimRequest:
     __slots__ = (
         "spec", "batch", "turn", "left", "context", "instance_id", "version", "join_iter", "target_iter",
         "need_prefill", "admitted_at", "finished_at", "num_migrations", "instances", "gen", "decode_done", "tool_until",
+        "group_id",
     )
 
-    def __init__(self, spec, batch: int, version: int, now: float):
+    def __init__(self, spec, batch: int, version: int, now: float, group_id: str):
         self.spec = spec
         self.batch = batch
+        self.group_id = group_id  # its GRPO group (steps.commands.group_id): the no-signal rule reads it
         self.turn = 0
         self.left = spec.turn_tokens[0]  # decode tokens left in the current turn
         self.context = spec.prompt_tokens  # tokens in the KV cache once prefilled

@@ -16,8 +16,10 @@ Algorithm:
    step; an infrastructure failure is dropped with the reason "tool_infra".
 3. Training: once every trajectory of step `trained` is finished or dropped, `take_batch`
    drops the stale ones (older than `max_staleness` versions) and returns the rest in request
-   order (finish order is a race). `on_trained` bumps the policy version; `end_step` builds the
-   `MetricsRow` and the planner's `StepStats`, and asks the planner for a new layout.
+   order (finish order is a race). `on_trained` bumps the policy version and says whether the
+   trainer stepped (the no-signal rule, `has_signal`: a batch in which no GRPO group's rewards
+   differ trains nothing, and its `StepStats.train_s` is 0); `end_step` builds the `MetricsRow`
+   and the planner's `StepStats`, and asks the planner for a new layout.
    `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
    groups to finish, as many as a step admits, from whichever admitted steps they come; a
    long group waits for a later batch instead of holding this one. Its staleness is bounded at
@@ -35,6 +37,7 @@ request of a removed instance.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from runlog import LAG_KEY, MetricsRow, idle_fractions
@@ -42,6 +45,21 @@ from scheduler.api import OutcomeState, StepStats
 from scheduler.layout import RoleMap, keep_instance_ids
 from steps.commands import Add, Cancel, CoreConfig, Export, Finished, NewRequest, RunState, StepEnd, TrainBatch
 from steps.ledger import Ledger
+
+
+def has_signal(members: Iterable[tuple[str, float | None]]) -> bool:
+    """The no-signal rule over a batch's (group id, reward) pairs: False when every reward is known and
+    no GRPO group holds two different rewards (every advantage is 0, so the trainer skips the step).
+
+    The simulator applies it to decide whether a step trains; the real trainer applies it to its
+    advantages (engine/trainer/trainer.py) and reports the outcome, which reaches the core as
+    `on_trained(stepped=...)`."""
+    groups: dict[str, set] = {}
+    for group, reward in members:
+        if reward is None:
+            return True
+        groups.setdefault(group, set()).add(reward)
+    return any(len(rewards) > 1 for rewards in groups.values())
 
 
 # ---- bookkeeping ------------------------------------------------------------------------------
@@ -100,6 +118,7 @@ class StepCore:
         self.migrations = 0
         self._training: TrainBatch | None = None
         self._trained = False  # the batch in training was trained (an empty batch is not)
+        self._stepped = False  # and the trainer updated the weights (it skips a step with no signal)
         self._trained_s = 0.0
         self._train_metrics: dict = {}
         self._train_tokens: int | None = None
@@ -238,6 +257,7 @@ class StepCore:
             payloads.append(fin.payload)
         self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version)
         self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
+        self._stepped = False
         return self._training
 
     def _finish_order_step(self, now: float) -> Step | None:
@@ -262,15 +282,20 @@ class StepCore:
         self._batch_step = st
         return st
 
-    def on_trained(self, *, train_s: float, metrics: dict | None = None, train_tokens: int | None = None) -> None:
-        """The trainer finished the batch of `take_batch` (not called for an empty batch)."""
+    def on_trained(self, *, train_s: float, stepped: bool = True, metrics: dict | None = None,
+                   train_tokens: int | None = None) -> None:
+        """The trainer finished the batch of `take_batch` (not called for an empty batch).
+
+        `stepped`: whether it updated the weights. False when it skipped the step: no group's rewards
+        differ (every advantage is 0: the no-signal rule, `has_signal`), or a non-finite loss. A skipped
+        step measures no training time: its `StepStats.train_s` is 0. `metrics` are only reported."""
         batch = self._training
         assert batch is not None and batch.request_ids, "on_trained without a non-empty batch in training"
         st = self._batch_step if self.cfg.batch_by_finish else self.steps[batch.step]
         for rid in batch.request_ids:
             self.ledger.train(rid, st.prompt_ids[rid])
         self.version += 1
-        self._trained, self._trained_s = True, train_s
+        self._trained, self._trained_s, self._stepped = True, train_s, stepped
         self._train_metrics, self._train_tokens = dict(metrics or {}), train_tokens
 
     def end_step(self, now: float, *, sync_s: float) -> StepEnd:
@@ -283,8 +308,7 @@ class StepCore:
             st = self.steps.pop(batch.step)
         fins = [st.done[rid] for rid in batch.request_ids]
         row = self._row(st, fins, now, sync_s)
-        skipped = not self._train_metrics.get("train/stepped", 1)
-        stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=0.0 if skipped else row.train_s, sync_s=sync_s,
+        stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=row.train_s if self._stepped else 0.0, sync_s=sync_s,
                           trajectory_tokens=tuple(f.num_tokens for f in fins),
                           decode_tokens=tuple(f.num_model_tokens for f in fins),  # tool output is not decoded
                           signal_tokens=tuple(f.signal_tokens for f in fins) if all(f.signal_tokens for f in fins) else (),

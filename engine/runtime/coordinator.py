@@ -316,7 +316,9 @@ class Coordinator:
         if batch.payloads:
             self.send_workers(msg.Train(batch.step, list(batch.payloads), batch.policy_version), self.role_map.trainer_ranks)
             trained, = self.wait_for(msg.Trained, 1, f"the trainer to finish step {batch.step}")
-            self.core.on_trained(train_s=self.now() - t_train, metrics=trained.metrics)
+            # the trainer reports whether it stepped (it skips a step with no signal, or a non-finite one)
+            self.core.on_trained(train_s=self.now() - t_train, stepped=bool(trained.metrics.get("train/stepped", 1)),
+                                 metrics=trained.metrics)
             sync_s = self.sync_weights()
         end = self.core.end_step(self.now(), sync_s=sync_s)
         self._write_step(end, batch, t_train)

@@ -7,7 +7,7 @@ from runlog import METRIC_FIELDS
 from scheduler.api import Decision, OutcomeState, Route
 from scheduler.layout import Bucket, split_role_map
 from steps.commands import CoreConfig, Export, Finished, NewRequest, RunState
-from steps.core import StepCore
+from steps.core import StepCore, has_signal
 
 BUCKETS = (Bucket(name="short", max_tokens=100), Bucket(name="long", max_tokens=None))
 FAIL = OutcomeState("run_tests", "medium", "failure")
@@ -171,9 +171,29 @@ def test_a_skipped_update_reports_no_training_time_to_the_planner():
     for rid in ("s0-0", "s0-1"):
         finish(c, rid, 1.0)
     c.take_batch(1.0)
-    c.on_trained(train_s=0.3, metrics={"train/stepped": 0})
+    c.on_trained(train_s=0.3, stepped=False, metrics={"train/stepped": 0})
     c.end_step(1.5, sync_s=0.1)
     assert planner.stats[0].train_s == 0.0
+
+
+def test_whether_the_trainer_stepped_is_a_named_field_not_a_metrics_key():
+    planner = FakePlanner()
+    c = make_core(planner=planner)
+    admit(c)
+    for rid in ("s0-0", "s0-1"):
+        finish(c, rid, 1.0)
+    c.take_batch(1.0)
+    c.on_trained(train_s=0.3, metrics={"train/stepped": 0})  # metrics are only reported
+    assert c.end_step(1.5, sync_s=0.1).row.to_dict()["train/stepped"] == 0
+    assert planner.stats[0].train_s == 0.3
+
+
+def test_the_no_signal_rule():
+    assert not has_signal([("g0", 1.0), ("g0", 1.0), ("g1", 0.0), ("g1", 0.0)])  # every group's rewards are equal
+    assert has_signal([("g0", 1.0), ("g0", 1.0), ("g1", 0.0), ("g1", 0.5)])
+    assert not has_signal([("g0", 1.0), ("g1", 0.0)])  # different groups never compare
+    assert has_signal([("g0", 1.0), ("g0", None)])  # an unknown reward counts as signal
+    assert not has_signal([])
 
 
 def test_stale_and_infra_trajectories_are_dropped_with_their_reason():
