@@ -7,9 +7,10 @@ for `--rounds` rounds (this machine's speed swings by tens of percent; each keep
   engine             RolloutEngine: in-place KV cache (engine/rollout/kv_cache.py), linears through
                      oneDNN (engine/rollout/cpu_linear.py), float32
   engine-mkl         the same engine with PyTorch's default CPU linear (MKL sgemm, as `generate`
-                     runs it): what the cache and the batching buy without the kernel choice
-  engine-concat      the engine with transformers' DynamicCache (grows by torch.cat every step),
-                     oneDNN linears, float32
+                     runs it; `linears="default"`): what the cache and the batching buy without
+                     the kernel choice
+  engine-concat      the engine with transformers' DynamicCache (grows by torch.cat every step;
+                     `kv_cache="concat"`), oneDNN linears, float32
   generate           `model.generate`, float32
   engine-bf16        the engine with the model in bfloat16 (`--rollout.dtype bfloat16`; log-probs
                      still taken in float32), when this CPU has bf16 matmul
@@ -23,13 +24,10 @@ Prints a table and, last, `decode_engine_vs_generate: R` (engine tokens/s over g
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
-from unittest import mock
 
 import torch
 
-from engine.rollout import runner as rollout_runner
 from engine.models import load_policy
 from engine.precision import cpu_has_bf16_matmul
 from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest, eos_ids
@@ -69,24 +67,6 @@ def workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=2)
 
 
-def concat_cache():
-    """The engine as it was: every batch change builds a DynamicCache, which decode grows by torch.cat."""
-    from transformers import DynamicCache
-
-    from engine.rollout.kv_cache import InPlaceCache
-
-    def left_padded(parts, width, spare=0):
-        cache = InPlaceCache.left_padded(parts, width, spare=0)
-        return DynamicCache(ddp_cache_data=[(lay.keys.clone(), lay.values.clone()) for lay in cache.layers])
-
-    return mock.patch.object(rollout_runner, "InPlaceCache", type("ConcatCache", (), {"left_padded": staticmethod(left_padded)}))
-
-
-def default_linears():
-    """The engine with its linears on `F.linear` (routed modules run it outside `engine_forward`)."""
-    return mock.patch.object(rollout_runner, "engine_forward", contextlib.nullcontext)
-
-
 def drive(engine, ids_list: list[list[int]]) -> tuple[list[list[int]], float]:
     """Decode every prompt to its end on `engine` (torch or vLLM backend); each row's new tokens, and the wall time."""
     task = Task(task_id="t", bench="toy", messages=({"role": "user", "content": "x"},), tools=())
@@ -102,10 +82,11 @@ def drive(engine, ids_list: list[list[int]]) -> tuple[list[list[int]], float]:
     return [out[f"r{i}"] for i in range(len(ids_list))], time.perf_counter() - start
 
 
-def run_engine(model, tok, ids_list, new_tokens: int) -> tuple[list[list[int]], float]:
+def run_engine(model, tok, ids_list, new_tokens: int, **options) -> tuple[list[list[int]], float]:
+    """The engine over `ids_list`; `options` are RolloutEngine's baseline switches (kv_cache, linears)."""
     cfg = RolloutConfig(temperature=0.0, max_new_tokens_per_turn=new_tokens, max_turns=1,
                         max_total_tokens=max(map(len, ids_list)) + new_tokens + 1, max_batch=len(ids_list))
-    engine = RolloutEngine(model, tok, cfg)
+    engine = RolloutEngine(model, tok, cfg, **options)
     try:
         return drive(engine, ids_list)
     finally:
@@ -136,8 +117,8 @@ def main() -> None:
     model.eval()
     ids_list = prompts(tok, args.num_prompts, args.prompt_tokens)
     systems = {"engine": lambda: run_engine(model, tok, ids_list, args.new_tokens),
-               "engine-mkl": lambda: _with(default_linears, model, tok, ids_list, args.new_tokens),
-               "engine-concat": lambda: _with(concat_cache, model, tok, ids_list, args.new_tokens),
+               "engine-mkl": lambda: run_engine(model, tok, ids_list, args.new_tokens, linears="default"),
+               "engine-concat": lambda: run_engine(model, tok, ids_list, args.new_tokens, kv_cache="concat"),
                "generate": lambda: run_generate(model, tok, ids_list, args.new_tokens)}
     if cpu_has_bf16_matmul():
         model16, _ = load_policy(args.model, device="cpu", dtype=torch.bfloat16)
@@ -165,11 +146,6 @@ def main() -> None:
         agree = sum(a == b for a, b in zip(tokens["engine-bf16"], tokens["generate-bf16"]))
         print(f"bf16: engine and generate agree on {agree}/{args.num_prompts} rows (bf16 rounding differs by kernel)")
     print(f"decode_engine_vs_generate: {speed['engine'] / speed['generate']:.2f}")
-
-
-def _with(context, model, tok, ids_list, new_tokens):
-    with context():
-        return run_engine(model, tok, ids_list, new_tokens)
 
 
 if __name__ == "__main__":

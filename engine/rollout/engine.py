@@ -20,6 +20,9 @@ update, so the trainer gets the rollout's device memory while it trains.
 TP instances: every rank calls `step()` in lockstep; only the leader schedules, samples and
 talks to the env; `BatchRunner` broadcasts each KV op to the followers, which replay it.
 
+`kv_cache` and `linears` pick the runner's KV cache and CPU linears (engine/rollout/runner.py): the
+defaults are the engine's own, the others the baselines bench/decode.py measures it against.
+
 Invariants (tests/test_rollout*.py): with pauses, joins, cancellations and migrations, greedy
 tokens equal decoding each trajectory alone and log-probs match within 1e-5; the turn logic's
 invariants (engine/rollout/turns.py) hold.
@@ -38,7 +41,8 @@ class RolloutEngine(TurnEngine):
     """The turn logic over a `BatchRunner` of `model` in this process (a TP shard of it with `tp_group`)."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig, *, device="cpu", policy_version: int = 0, tp_group=None,
-                 instance_id: int = 0, recompute_kv_on_update: bool = False):
-        runner = BatchRunner(model, device=device, tp_group=tp_group, temperature=cfg.temperature, top_p=cfg.top_p)
+                 instance_id: int = 0, recompute_kv_on_update: bool = False, kv_cache: str = "inplace", linears: str = "onednn"):
+        runner = BatchRunner(model, device=device, tp_group=tp_group, temperature=cfg.temperature, top_p=cfg.top_p,
+                             kv_cache=kv_cache, linears=linears)
         super().__init__(runner, tokenizer, cfg, policy_version=policy_version, instance_id=instance_id,
                          recompute_kv_on_update=recompute_kv_on_update, generation_config=getattr(model, "generation_config", None))

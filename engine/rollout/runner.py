@@ -19,6 +19,11 @@ Algorithm:
      `serve_step` replays ops until the leader's `KvOp.END_STEP`, so the sharded forwards (and
      their collectives) line up.
 
+Options (the defaults are the engine's; the others are the baselines bench/decode.py measures):
+`kv_cache="concat"` builds every batch change's cache as transformers' DynamicCache, which decode
+grows by `torch.cat`; `linears="default"` leaves the CPU linears on PyTorch's `F.linear` (MKL
+sgemm, as `generate` runs it) instead of oneDNN's (engine/rollout/cpu_linear.py).
+
 Sampling (`join`/`step`, on the leader): log-probs of the distribution at the temperature (before
 top-p; the trainer's convention, in fp32 whatever the model's dtype); greedy at temperature 0;
 otherwise each request draws from its own generator, with nucleus `top_p`.
@@ -29,6 +34,7 @@ full recompute of the sequence alone within 1e-5); a parked row resumes with exa
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -40,9 +46,12 @@ from transformers import DynamicCache
 from engine.devices import empty_cache
 from engine.rollout.backend import Sampled, SeqView
 from engine.rollout.cpu_linear import engine_forward, route_linears
-from engine.rollout.kv_cache import InPlaceCache
+from engine.rollout.kv_cache import SPARE_COLUMNS, InPlaceCache
 
 log = logging.getLogger(__name__)
+
+KV_CACHES = ("inplace", "concat")
+LINEARS = ("onednn", "default")
 
 
 @functools.cache
@@ -66,10 +75,15 @@ class KvOp(enum.Enum):
 
 
 class BatchRunner:
-    def __init__(self, model, *, device, tp_group=None, temperature: float = 1.0, top_p: float = 1.0):
+    def __init__(self, model, *, device, tp_group=None, temperature: float = 1.0, top_p: float = 1.0, kv_cache: str = "inplace",
+                 linears: str = "onednn"):
+        if kv_cache not in KV_CACHES or linears not in LINEARS:
+            raise ValueError(f"BatchRunner(kv_cache={kv_cache!r}, linears={linears!r}): use kv_cache in {KV_CACHES} "
+                             f"and linears in {LINEARS} (the first of each is the engine's own)")
         self.model = model
         self.device = torch.device(device)
         self.tp_group = tp_group
+        self.kv_cache, self.linears = kv_cache, linears
         self.temperature, self.top_p = temperature, top_p  # sampling (`join`/`step`); temperature 0 is greedy
         self.rows: list[str] = []  # request ids in batch order
         self.lens: list[int] = []  # valid KV columns per row
@@ -78,7 +92,7 @@ class BatchRunner:
         self._seqs: dict[str, SeqView] = {}  # requests joined and not ended or dropped: their tokens and generators
         self._joining: list[str] = []  # requests of the last `join`, parked until `end_turns` admits them
         self._offloaded = False
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and linears == "onednn":
             route_linears(model)  # the engine's forwards run oneDNN's matmul (engine/rollout/cpu_linear.py)
         self._leader_rank = None
         if tp_group is not None:
@@ -253,7 +267,7 @@ class BatchRunner:
         # layout per row: [pad][parked KV][pad][new tokens]; the mask hides both pads and
         # explicit positions keep RoPE exact, then each row is compacted back to its valid columns
         width_past, width_new = max(n for _, n in pasts), max(map(len, new_lists))
-        cache = InPlaceCache.left_padded(pasts, width_past, spare=width_new) if width_past else DynamicCache()
+        cache = self._left_padded(pasts, width_past, spare=width_new) if width_past else DynamicCache()
         mask = torch.zeros(len(rids), width_past + width_new, dtype=torch.long)
         ids = torch.zeros(len(rids), width_new, dtype=torch.long)
         pos = torch.zeros(len(rids), width_new, dtype=torch.long)
@@ -262,7 +276,7 @@ class BatchRunner:
             mask[i, width_past + width_new - len(new) :] = 1
             ids[i, width_new - len(new) :] = torch.tensor(new)
             pos[i, width_new - len(new) :] = torch.arange(n, n + len(new))
-        with engine_forward():
+        with self._forward():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
                              **{cache_kwarg(): cache}, use_cache=True, logits_to_keep=1)
         for i, rid in enumerate(rids):
@@ -275,7 +289,7 @@ class BatchRunner:
         if self.rows:
             # the batch is one more part, already left-padded to its width
             parts.insert(0, ([(lay.keys, lay.values) for lay in self.cache.layers], self.cache.layers[0].keys.shape[-2]))
-        self.cache = InPlaceCache.left_padded(parts, max(n for _, n in parts))
+        self.cache = self._left_padded(parts, max(n for _, n in parts))
         self.rows += list(rids)
         self.lens += [n for _, n in parts[-len(rids):]]
 
@@ -303,7 +317,7 @@ class BatchRunner:
         width = max(self.lens)
         sel = torch.tensor(idx, device=self.device)
         # trim the left padding no remaining row needs, so decode cost follows the live rows
-        self.cache = InPlaceCache.left_padded([([(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers], width)], width)
+        self.cache = self._left_padded([([(lay.keys[sel, :, -width:], lay.values[sel, :, -width:]) for lay in self.cache.layers], width)], width)
 
     @torch.no_grad()
     def _decode(self, tokens: list[int]) -> torch.Tensor:
@@ -313,7 +327,19 @@ class BatchRunner:
         cols = torch.arange(width + 1, device=self.device)[None]
         mask = (cols >= (width - lens)[:, None]).long()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
-        with engine_forward():
+        with self._forward():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=lens[:, None], **{cache_kwarg(): self.cache}, use_cache=True)
         self.lens = [n + 1 for n in self.lens]
         return out.logits[:, -1].float()
+
+    def _left_padded(self, parts: list, width: int, spare: int = SPARE_COLUMNS):
+        """A new batch cache from left-padded parts (`InPlaceCache.left_padded`), or with `kv_cache="concat"`
+        a DynamicCache holding a copy of them, which decode grows by torch.cat."""
+        if self.kv_cache == "concat":
+            cache = InPlaceCache.left_padded(parts, width, spare=0)
+            return DynamicCache(ddp_cache_data=[(lay.keys.clone(), lay.values.clone()) for lay in cache.layers])
+        return InPlaceCache.left_padded(parts, width, spare=spare)
+
+    def _forward(self):
+        """The context of the engine's forwards: routed CPU linears run oneDNN in it (`linears="onednn"`)."""
+        return engine_forward() if self.linears == "onednn" else contextlib.nullcontext()

@@ -363,3 +363,23 @@ def test_tool_response_encoder_budgets(tiny):
     body_len = len(ids) - len(enc.encode(""))  # what the empty response lacks: the kept tokens and the note
     kept = body_len - len(enc._plain(f"\n[output cut: {cut} tokens]"))
     assert body_len <= 100 and kept + cut == len(enc._plain("\U0001F600" * 1000))
+
+
+def test_the_benchmark_baselines_are_engine_options_with_the_same_greedy_tokens(tiny):
+    """bench/decode.py's baselines (a DynamicCache grown by torch.cat, PyTorch's own CPU linears) are constructor
+    options of the engine, not patches of its internals; they change the speed, never the tokens."""
+    from transformers import DynamicCache
+
+    model, tok = tiny
+    ref, _ = run(engine_for(model, tok, max_new_tokens_per_turn=12), requests(tok, 3, random.Random(5)))
+    for options in (dict(kv_cache="concat"), dict(linears="default")):
+        eng = RolloutEngine(model, tok, RolloutConfig(temperature=0.0, max_new_tokens_per_turn=12, max_total_tokens=400, max_batch=6,
+                                                      progress_every_tokens=16), device="cpu", **options)
+        got, _ = run(eng, requests(tok, 3, random.Random(5)))
+        assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in ref.items()}, options
+    runner = RolloutEngine(model, tok, RolloutConfig(), kv_cache="concat").runner
+    runner.prefill(["a", "b"], [[3, 4, 5], [6, 7]])
+    runner.admit(["a", "b"])
+    assert isinstance(runner.cache, DynamicCache) and not hasattr(runner.cache.layers[0], "_key_buf")
+    with pytest.raises(ValueError, match=r"kv_cache='paged'.*use kv_cache in \('inplace', 'concat'\)"):
+        RolloutEngine(model, tok, RolloutConfig(), kv_cache="paged")
