@@ -246,13 +246,19 @@ class CostModel:
         return self.hw.group_rebuild_s + load_s / self.hw.link_bw_bytes_s * min(1.0, num_moved_devices / 8)
 
     # ---- memory feasibility ---------------------------------------------------------------
-    def max_batch(self, context_tokens: float, tp: int, mem_frac: float = 0.9) -> int:
-        """Sequences of `context_tokens` whose KV cache fits next to the weights on a TP-`tp` instance."""
+    def kv_capacity_tokens(self, tp: int, mem_frac: float = 0.9) -> float:
+        """Tokens of KV cache a TP-`tp` instance holds in the memory its weight shards leave (`mem_frac`
+        of the devices' memory: vLLM's gpu_memory_utilization). The one KV-capacity formula: `max_batch`
+        (the planner) and the simulator's instances both read it."""
         m, tp = self.model, max(1, int(tp))
         free = tp * self.hw.mem_bytes * mem_frac - m.weight_bytes
         # Past num_kv_heads, TP replicates KV heads, so the instance stores more KV per token.
-        per_seq = m.kv_bytes_per_token * tp / min(tp, m.num_kv_heads) * max(1.0, context_tokens)
-        return max(1, int(free / per_seq)) if free > 0 else 1
+        per_token = m.kv_bytes_per_token * tp / min(tp, m.num_kv_heads)
+        return max(0.0, free) / per_token
+
+    def max_batch(self, context_tokens: float, tp: int, mem_frac: float = 0.9) -> int:
+        """Sequences of `context_tokens` whose KV cache fits next to the weights on a TP-`tp` instance (at least 1)."""
+        return max(1, int(self.kv_capacity_tokens(tp, mem_frac) / max(1.0, context_tokens)))
 
     def valid_tp(self) -> tuple[int, ...]:
         """TP degrees of `VALID_TP` that divide the model's attention heads."""

@@ -118,7 +118,7 @@ class ClusterSim:
                 continue
             inst = SimInstance(instance_id=ri.instance_id, tp=ri.tp, bucket=ri.bucket,
                                bucket_limit=limits[ri.bucket], capacity=self.cfg.max_seqs_per_instance, cost=self.cost,
-                               kv_capacity_tokens=kv_capacity_tokens(self.cost, ri.tp))
+                               kv_capacity_tokens=self.cost.kv_capacity_tokens(ri.tp))
             inst.last_t, inst.slowdown = self.now, self.slowdown
             new[ri.instance_id] = inst
         for iid, inst in self.instances.items():
@@ -351,8 +351,3 @@ class ClusterSim:
         for inst in self.instances.values():
             self._kick(inst)
 
-
-def kv_capacity_tokens(cost, tp: int, mem_frac: float = 0.9) -> float:
-    """KV-cache tokens an instance holds: memory left after its weight shard (vLLM's gpu_memory_utilization)."""
-    free = cost.hw.mem_bytes * mem_frac * tp - cost.model.weight_bytes
-    return max(0.0, free) / cost.model.kv_bytes_per_token

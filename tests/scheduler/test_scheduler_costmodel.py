@@ -116,3 +116,15 @@ def test_kv_memory_makes_tp1_the_slowest_per_device_for_a_14b_model_at_agentic_c
 
     assert cm.max_batch(2 * 4096, 1) == 31
     assert per_device(1) < min(per_device(2), per_device(4), per_device(8))
+
+
+def test_kv_capacity_is_one_formula_that_max_batch_reads():
+    cm = get_cost_model("a800", "qwen3-30b-a3b")  # 4 KV heads: a TP8 instance stores each one twice
+    for tp in (1, 2, 4, 8):
+        for ctx in (100, 4096, 30000):
+            assert cm.max_batch(ctx, tp) == max(1, int(cm.kv_capacity_tokens(tp) / ctx))
+    free = 8 * cm.hw.mem_bytes * 0.9 - cm.model.weight_bytes
+    assert cm.kv_capacity_tokens(8) == pytest.approx(free / (2 * cm.model.kv_bytes_per_token))
+    tiny = CostModel(HARDWARE["cpu"], ModelSpec(name="big", num_params=1e12, num_active_params=1e12, num_layers=1,
+                                                hidden=1, num_kv_heads=1, head_dim=1))
+    assert tiny.kv_capacity_tokens(1) == 0.0 and tiny.max_batch(100, 1) == 1  # the weights alone do not fit

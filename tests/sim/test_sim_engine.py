@@ -2,7 +2,6 @@
 checks, staleness bound, conservation, determinism (rows are the step core's metrics rows)."""
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,8 +18,9 @@ class FakeCost:
     """Constant decode step, prefill linear in tokens, fixed train/sync/reconfig."""
 
     step_overhead_s = 0.0
-    hw = SimpleNamespace(mem_bytes=1e12)
-    model = SimpleNamespace(weight_bytes=1.0, kv_bytes_per_token=1.0)
+
+    def kv_capacity_tokens(self, tp, mem_frac=0.9):
+        return 1e12  # KV memory never binds here
 
     def decode_step_s(self, batch, context_tokens, tp):
         return 0.01
@@ -239,3 +239,15 @@ def test_a_group_is_one_prompt_of_one_step_named_as_the_coordinator_names_it():
     assert {r.request_id: r.group_id for r in seen} == {"s0-a0": group_id(0, 0), "s0-a1": group_id(0, 0),
                                                         "s0-b0": group_id(0, 1), "s0-b1": group_id(0, 1)}
     assert group_id(0, 1) == "s0-p1"  # the coordinator's request ids extend it: s0-p1-n0, s0-p1-n1, ...
+
+
+def test_an_instance_holds_the_kv_the_cost_model_prices():
+    from scheduler.costmodel import get_cost_model
+
+    cost = get_cost_model("a800", "qwen3-14b")
+    cfg = SimConfig(num_devices=3, steps=1, prompts_per_step=1, samples_per_prompt=1)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
+                        buckets=(Bucket(name="short", max_tokens=1000), Bucket(name="long", max_tokens=None)))
+    sim = ClusterSim(cfg=cfg, cost=cost, workload=FakeWorkload([_spec()]), router=FakeRouter(), planner=None,
+                     role_map=rm, lookahead=1)
+    assert [i.kv_capacity_tokens for i in sim.instances.values()] == [cost.kv_capacity_tokens(1)] * 2
