@@ -37,7 +37,7 @@ from scheduler.routers import RouterConfig, cpu_router_config
 from scheduler.systems import SYSTEMS
 # Fields set from another section so the two can never disagree; they get no flag of their own.
 DERIVED = {"trainer.max_staleness": "step.max_staleness", "trainer.temperature": "rollout.temperature",
-           "trainer.max_tokens": "rollout.max_total_tokens"}
+           "trainer.max_tokens": "rollout.max_total_tokens", "planner.max_batch": "rollout.max_batch"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,12 +199,12 @@ def _device_preset(run: RunConfig, device_kind: str) -> LibraConfig:
             # a CPU run is a few steps of 4 trajectories: re-plan once two steps have been seen.
             # TP1 only: on shared CPU cores a TP group adds gloo traffic and no speed
             # (measured: libra with a TP2 bucket ran at 0.4x static on the tiny model)
-            planner=PlannerConfig(min_history_trajectories=8, max_batch=32, allowed_tp=(1,)),
+            planner=PlannerConfig(min_history_trajectories=8, allowed_tp=(1,)),
         )
     return LibraConfig(
         run=run,
         step=StepConfig(prompts_per_step=16, samples_per_prompt=8),
-        rollout=RolloutConfig(max_new_tokens_per_turn=1024, max_turns=16, max_total_tokens=16384, max_batch=128),
+        rollout=RolloutConfig(max_new_tokens_per_turn=1024, max_turns=16, max_total_tokens=16384),
         trainer=TrainerConfig(lr=1e-6, micro_batch_tokens=16384),
     )
 
@@ -345,7 +345,7 @@ def for_system(cfg: LibraConfig, system: str) -> LibraConfig:
 
 def _derive(cfg: LibraConfig) -> LibraConfig:
     """The trainer drops what the coordinator would call stale, scores log-probs at the rollout's temperature, and
-    never trains a trajectory longer than the rollout's token budget.
+    never trains a trajectory longer than the rollout's token budget; the planner prices the batch the engine runs.
 
     `--demo-turns -1` becomes 1 for SmolLM2 on generated bench tasks (they come with an oracle to
     demonstrate), 0 otherwise (`--data`, `--env`); here rather than in the presets so a resumed run resolves it too.
@@ -360,7 +360,8 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
     spec = SYSTEMS.get(cfg.run.system)
     max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
-        cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens))
+        cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens),
+        planner=dataclasses.replace(cfg.planner, max_batch=cfg.rollout.max_batch))
 
 
 def load_config(path: Path) -> LibraConfig:

@@ -22,7 +22,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-VALID_TP = (1, 2, 4, 8)
+VALID_TP = (1, 2, 4, 8)  # TP degrees a rollout instance may have
+# Sequences one engine instance decodes at once, whatever its TP (vLLM's max_num_seqs; KV memory may
+# cap it lower): the default of the engine (RolloutConfig.max_batch), of what the planner prices
+# (PlannerConfig.max_batch, which a run derives from the engine's) and of the simulated engines.
+MAX_SEQS_PER_INSTANCE = 128
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
-from scheduler.layout import VALID_TP, BucketsConfig, RoleMap
+from scheduler.layout import MAX_SEQS_PER_INSTANCE, VALID_TP, BucketsConfig, RoleMap
 from scheduler.layout_model import Scales, Workload
 from scheduler.layout_search import Choice, LayoutSearch, Switch, switch_of
 
@@ -68,7 +68,7 @@ class PlannerConfig:
     history_steps: int = 8  # steps of history the workload is built from
     check_memory: bool = True  # respect the cost model's minimum rollout TP and trainer size
     scale_ema: float = 0.5  # weight of the newest measured/predicted time ratio
-    max_batch: int = 256  # most sequences one instance decodes at once, whatever its TP (vLLM's max_num_seqs)
+    max_batch: int = MAX_SEQS_PER_INSTANCE  # most sequences one instance decodes at once, whatever its TP (a run: the engine's)
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
     profile: str = "auto"  # auto: plan a CPU run on this machine's costs, measured once (~1 min) and cached | refresh | none: analytic tables | a bench.profile JSON

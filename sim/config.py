@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from scheduler.costmodel import HARDWARE, MODELS
+from scheduler.layout import MAX_SEQS_PER_INSTANCE
 from sim.reward import MEASURED_LAG_GAMMA
 
 KNOWN_HARDWARE = tuple(HARDWARE)
@@ -29,7 +30,7 @@ class SimConfig:
     prompts_per_step: int = 16  # prompts per training batch
     samples_per_prompt: int = 8  # n: GRPO group size
     max_staleness: int = 1  # policy versions a trajectory may lag behind (async systems only)
-    max_seqs_per_instance: int = 256  # concurrent sequences per engine instance, any TP (vLLM's max_num_seqs; KV memory caps it too)
+    max_seqs_per_instance: int = MAX_SEQS_PER_INSTANCE  # concurrent sequences per engine instance, any TP (vLLM's max_num_seqs; KV memory caps it too)
     dataset_prompts: int = 64  # distinct prompts in the dataset; they recur every epoch
     train_epochs: int = 1  # passes of the trainer over each batch (raises the training share)
     seed: int = 0  # seeds the workload; the same seed gives every system the same trajectories

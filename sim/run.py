@@ -37,7 +37,7 @@ from pathlib import Path
 from runlog import add_ratios, format_table, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
-from scheduler.layout import BucketsConfig, RoleMap
+from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
 from scheduler.prefix_tree import PrefixTreeConfig
 from scheduler.profile import load_cost_model
@@ -309,7 +309,7 @@ def run_from_libra_config(cfg, out_dir: Path) -> int:
 
 
 def replay(run_dir: Path, *, system: str, num_devices: int, hardware: str = "cpu", model: str = "tiny",
-           max_staleness: int = 1, max_seqs_per_instance: int = 256, profile: str | None = None,
+           max_staleness: int = 1, max_seqs_per_instance: int = MAX_SEQS_PER_INSTANCE, profile: str | None = None,
            real: RealSetup | None = None, **sim_kw) -> dict:
     """Predicted vs measured step times of a recorded run (see the module docstring).
 

@@ -97,3 +97,16 @@ def test_each_system_trains_stale_tokens_as_its_users_do_unless_a_flag_says_othe
     assert fully.trainer.max_staleness is None  # finish-order: bounded at admission, derived again
     chosen = for_system(parse_args(["--sim", "--trainer.off-policy", "recompute"]), "verl-async")
     assert chosen.trainer.off_policy == "recompute"
+
+
+def test_the_planner_prices_the_batch_the_engine_runs():
+    from scheduler.layout import MAX_SEQS_PER_INSTANCE
+    from sim.config import SimConfig
+
+    gpu = parse_args(["--bench", "math"], device_kind_of=lambda d: "cuda")
+    assert gpu.planner.max_batch == gpu.rollout.max_batch == MAX_SEQS_PER_INSTANCE == SimConfig().max_seqs_per_instance
+    cpu = parse_args(["--bench", "math"], device_kind_of=lambda d: "cpu")
+    assert cpu.planner.max_batch == cpu.rollout.max_batch == 32  # the CPU preset's engine
+    flag = parse_args(["--rollout.max-batch", "48"], device_kind_of=lambda d: "cuda")
+    assert flag.planner.max_batch == 48
+    assert "--planner.max-batch" not in build_parser().format_help()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.api import OutcomeState
+from scheduler.layout import MAX_SEQS_PER_INSTANCE
 
 BACKENDS = ("torch", "vllm")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
@@ -38,7 +39,7 @@ class RolloutConfig:
     max_tool_tokens: int = 2048  # tokens of one tool call's output the model sees; the rest is cut, with a note saying so
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
-    max_batch: int = 64  # most sequences decoding at once; the rest wait to join
+    max_batch: int = MAX_SEQS_PER_INSTANCE  # most sequences decoding at once; the rest wait to join
     tool_workers: int = 16  # threads running Episode.execute / score concurrently
     tool_timeout_s: float = 120.0  # a tool call running longer is reported as status "timeout"
     seed: int = 0  # sampling seed; each request draws from its own generator seeded by (seed, request_id)
