@@ -82,7 +82,7 @@ def _main(argv: list[str] | None) -> int:
             return _simulate(cfg)
         from engine.runtime.run import plan_placement, placement_table, run, run_compare
 
-        info, role_map = plan_placement(cfg)
+        cfg, info, role_map = plan_placement(cfg)  # the config as the launcher resolved it (allowed TP degrees)
         if cfg.run.compare:
             return run_compare(cfg, info, _run_dir(cfg))
         if cfg.run.plan_only:

@@ -110,3 +110,25 @@ def test_the_planner_prices_the_batch_the_engine_runs():
     flag = parse_args(["--rollout.max-batch", "48"], device_kind_of=lambda d: "cuda")
     assert flag.planner.max_batch == 48
     assert "--planner.max-batch" not in build_parser().format_help()
+
+
+def test_the_launcher_resolves_tp_degrees_and_cost_model_once_and_rank_0_uses_them(monkeypatch):
+    from engine.devices import DeviceInfo
+    from engine.runtime import run
+
+    cfg = parse_args(["--bench", "toy", "--model", "tiny", "--device", "cpu", "--planner.allowed-tp", "1,2,4",
+                      "--planner.profile", "none"], device_kind_of=lambda d: "cpu")
+    resolved, info, role_map = run.plan_placement(cfg)
+    assert resolved.planner.allowed_tp == (1, 2)  # the tiny model's 2 KV heads do not split 4 ways
+    cost = run.cost_model_for(resolved, DeviceInfo("cpu", 1))
+
+    def again(*_a, **_k):
+        raise AssertionError("rank 0 resolved again what the launcher resolved")
+
+    monkeypatch.setattr(run, "valid_tp_degrees", again)
+    monkeypatch.setattr(run, "cost_model_for", again)
+    parts = run.build_parts(resolved, role_map, cost, None)
+    try:
+        assert parts.planner.cfg.allowed_tp == (1, 2) and parts.planner.cm is cost
+    finally:
+        parts.env.close()

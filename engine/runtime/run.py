@@ -1,8 +1,10 @@
 """A real run end to end: placement, spawning the coordinator and workers, the summary.
 
-`plan_placement` resolves the device and the first role map (from `scheduler/systems.py`, with
-TP degrees the model can split); `run` writes config.json, spawns world = workers + 1 ranks
-(rank 0 coordinates), and prints the summary. `--resume DIR` restarts from the newest complete
+`plan_placement` resolves the device, the TP degrees the model can split (into the config's
+`planner.allowed_tp`) and the first role map (from `scheduler/systems.py`); `run` resolves the
+planner's cost model (`cost_model_for`), writes config.json, spawns world = workers + 1 ranks
+(rank 0 coordinates, with the config and cost model the launcher resolved: it resolves neither
+again), and prints the summary. `--resume DIR` restarts from the newest complete
 checkpoint of DIR with its role map and step. A stop signal that the ranks finish in time still
 writes the summary (with `stopped_by`) and says how to resume.
 
@@ -50,27 +52,25 @@ def valid_tp_degrees(cfg) -> tuple[int, ...]:
     return tuple(ok)
 
 
-def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
+def cost_model_for(cfg, info: DeviceInfo):
     """The planner's cost model, by `--planner.profile`: this machine's measured profile (auto, refresh:
     measured once per model and machine and cached, engine/runtime/profile_cache.py), a profile file, or the
     analytic tables (none; and auto on a device engine.runtime.profile cannot measure). Logs one line saying which.
 
     Cheap once the profile is cached; a miss measures (~1 minute for smollm2 on 2 cores), so the launcher
-    calls this before the ranks start (the workers wait for the coordinator's first role map for at most
-    --launch.timeout-s). The coordinator then calls it `resolved`: it reads what the launcher cached,
-    never measures (not even for refresh) and says nothing more."""
+    calls this once, before the ranks start (the workers wait for the coordinator's first role map for at
+    most --launch.timeout-s), and hands the result to the coordinator."""
     from scheduler.profile import ProfiledCostModel, load_cost_model
     from scheduler.systems import get_system
 
     if not get_system(cfg.run.system).planner:  # nothing plans: measure nothing, say nothing
         return _analytic_cost_model(cfg.run.model, info.kind)
     mode = cfg.planner.profile or "none"
-    say = log.debug if resolved else log.info
     if mode in ("auto", "refresh") and info.kind == "cpu":
         from engine.runtime.profile_cache import cached_profile
 
-        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh" and not resolved)
-        say("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
+        path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh")
+        log.info("[libra] planner costs: this machine's profile %s (%s; --planner.profile refresh measures again, "
                  "none plans on the analytic tables)", path, how)
         return ProfiledCostModel(profile)
     if mode not in ("auto", "refresh", "none"):
@@ -79,15 +79,15 @@ def cost_model_for(cfg, info: DeviceInfo, *, resolved: bool = False):
             raise ValueError(f"--planner.profile {mode} measured {cost.profile.model} on {cost.profile.device}, "
                              f"but this run is {cfg.run.model} on {info.kind}; profile this setup with "
                              f"`python -m engine.runtime.profile --model {cfg.run.model}`, or pass --planner.profile auto")
-        say("[libra] planner costs: the profile %s", mode)
+        log.info("[libra] planner costs: the profile %s", mode)
         return cost
     cost = _analytic_cost_model(cfg.run.model, info.kind)
     if info.kind == "cpu":  # the tables treat each rank as a device of its own; here they share the cores
         cost.prices_split = False  # the planner keeps the trainer/rollout split (scheduler/planner.py, 5.)
-        say("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
+        log.info("[libra] planner costs: the analytic cpu tables (--planner.profile none): they cannot price moving "
                  "ranks between training and rollout on shared cores, so the planner keeps the split")
     else:
-        say("[libra] planner costs: the analytic %s tables (engine.runtime.profile measures CPU runs only; pass "
+        log.info("[libra] planner costs: the analytic %s tables (engine.runtime.profile measures CPU runs only; pass "
                  "--planner.profile PATH for a measured one)", cost.hw.name)
     return cost
 
@@ -100,13 +100,16 @@ def _analytic_cost_model(model: str, device_kind: str):
     return CostModel(HARDWARE[hw], model_spec(model))  # a model outside the tables: its own shape
 
 
-def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
+def plan_placement(cfg) -> tuple[object, DeviceInfo, RoleMap]:
+    """(the config with `planner.allowed_tp` resolved to the degrees the model splits at, the device, the
+    first role map: a resumed run's from its checkpoint). The ranks get this config and never resolve it again."""
     info = detect(cfg.run.device)
+    cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg)))
     if cfg.run.resume:
         from engine.runtime.preflight import check_resume
 
         check_resume(Path(cfg.run.resume))
-        return info, checkpoint.load(checkpoint.latest(Path(cfg.run.resume))).role_map
+        return cfg, info, checkpoint.load(checkpoint.latest(Path(cfg.run.resume))).role_map
     nproc = cfg.run.nproc or info.default_nproc()
     if info.kind != "cpu" and nproc > info.count:
         # allowed (e.g. 2 ranks on one GPU to try a node): ranks share devices round-robin, their
@@ -116,8 +119,8 @@ def plan_placement(cfg) -> tuple[DeviceInfo, RoleMap]:
     from scheduler.systems import initial_role_map
 
     role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
-                                allowed_tp=valid_tp_degrees(cfg))
-    return info, role_map
+                                allowed_tp=cfg.planner.allowed_tp)
+    return cfg, info, role_map
 
 
 def placement_table(role_map: RoleMap, info: DeviceInfo, cfg) -> str:
@@ -158,7 +161,8 @@ def make_run_env(cfg):
     return make(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
 
 
-def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | None) -> CoordinatorParts:
+def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None) -> CoordinatorParts:
+    """Rank 0's parts; `cfg` (its allowed TP degrees) and `cost_model` are what the launcher resolved."""
     from engine.models import load_tokenizer
     from envs.demo import add_demo_turns
     from envs.registry import scripted_agents
@@ -174,20 +178,22 @@ def build_parts(cfg, role_map: RoleMap, info: DeviceInfo, resume: RunState | Non
     if resume and resume.prefix_tree and hasattr(router, "load_tree_json"):
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
-    planner_cfg = dataclasses.replace(cfg.planner, allowed_tp=valid_tp_degrees(cfg))
-    planner = make_planner(cfg.run.system, role_map.world_size, cost_model_for(cfg, info, resolved=True), remaining, planner_cfg,
+    planner = make_planner(cfg.run.system, role_map.world_size, cost_model, remaining, cfg.planner,
                            current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
                             get_system(cfg.run.system))
 
 
-def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: RunState | None, handoff: str | None):
-    """Every process of the job: rank 0 coordinates, the others work; `handoff`: the checkpoint to resume from."""
+def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: RunState | None, handoff: str | None,
+              cost_model=None):
+    """Every process of the job: rank 0 coordinates, the others work; `handoff`: the checkpoint to resume from;
+    `cost_model`: the planner's, resolved by the launcher (rank 0 uses it)."""
     if ctx.rank == 0:
         from engine.runtime.coordinator import Coordinator
 
         ctx.set_role("coordinator")
-        parts = build_parts(cfg, role_map, ctx.device_info, resume)
+        assert cost_model is not None, "rank 0 needs the cost model the launcher resolved (run() passes it)"
+        parts = build_parts(cfg, role_map, cost_model, resume)
         try:
             return Coordinator(ctx, cfg, role_map, Path(out_dir), parts, resume).run(handoff)
         finally:
@@ -212,8 +218,10 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
         log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
                  role_map.describe())
-        cost_model_for(cfg, info)  # a profile this machine lacks is measured (and cached) before any rank starts
-    args = (cfg, role_map, str(out_dir), resume, handoff)
+        cost_model = cost_model_for(cfg, info)  # a profile this machine lacks is measured before any rank starts
+    else:
+        cost_model = None  # a torchrun worker: rank 0's process resolved it
+    args = (cfg, role_map, str(out_dir), resume, handoff, cost_model)
     if torchrun:
         results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
                                   timeout_s=cfg.launch.timeout_s)
@@ -266,8 +274,7 @@ def run_compare(cfg, info: DeviceInfo, out_dir: Path) -> int:
     names = list(cfg.run.compare_systems) or [n for n, spec in SYSTEMS.items() if not spec.sim_only]
     results = {}
     for name in names:
-        sub = for_system(cfg, name)
-        _, role_map = plan_placement(sub)
+        sub, _, role_map = plan_placement(for_system(cfg, name))
         rc = run(sub, info, role_map, out_dir / name)
         if rc != 0:
             raise RuntimeError(f"--compare: system {name} failed (exit {rc}); its logs and outputs are in {out_dir / name}")
