@@ -56,7 +56,7 @@ class RunConfig:
     env: str = ""  # your own env instead of the bench's, as module.path:Class (envs/plugins.py)
     reward: str = ""  # your own reward, module.path:function(final_text, ground_truth, task) -> float
     demo_turns: int = -1  # solved example exchanges shown before each task (envs/demo.py); -1 = 1 for smollm2, else 0
-    sim: bool = False  # run the cluster simulator instead of real ranks
+    sim: bool = False  # run the cluster simulator instead of real ranks; it takes the flags that mean something there (sim/config.py) and refuses the others
     compare: bool = False  # run every system on the same tasks and seed, write compare.json/png
     compare_systems: tuple[str, ...] = ()  # systems for --compare (comma-separated); empty = all real systems
     plan_only: bool = False  # print the placement (ranks, roles, buckets, devices) and exit
@@ -331,6 +331,12 @@ def parse_args(argv: list[str] | None, device_kind_of=None) -> LibraConfig:
         except ValueError as exc:
             raise ValueError(f"{_flag(key)} {value!r}: {exc}") from None
     return _derive(cfg)
+
+
+def given_keys(argv: list[str]) -> frozenset[str]:
+    """The dotted keys (`run.steps`, `step.max_staleness`) of the flags given in `argv`: what the user set, as
+    opposed to the preset (`--sim` takes these: sim/config.py `from_libra_config`)."""
+    return frozenset(vars(build_parser().parse_args(argv)))
 
 
 def for_system(cfg: LibraConfig, system: str) -> LibraConfig:

@@ -79,7 +79,7 @@ def _main(argv: list[str] | None) -> int:
 
             check_run_inputs(cfg, _run_dir(cfg))
         if cfg.run.sim:
-            return _simulate(cfg)
+            return _simulate(cfg, argv)
         from engine.runtime.run import plan_placement, placement_table, run, run_compare
 
         cfg, info, role_map = plan_placement(cfg)  # the config as the launcher resolved it (allowed TP degrees)
@@ -105,10 +105,12 @@ def _device_kind(requested: str) -> str:
     return detect(requested).kind
 
 
-def _simulate(cfg) -> int:
+def _simulate(cfg, argv: list[str]) -> int:
+    """The simulator, with the flags given that mean something there (the others are refused: sim/config.py)."""
+    from config import given_keys
     from sim.run import run_from_libra_config
 
-    return run_from_libra_config(cfg, _run_dir(cfg))
+    return run_from_libra_config(cfg, _run_dir(cfg), given_keys(argv))
 
 
 def _exit(code: int) -> None:

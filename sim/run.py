@@ -39,12 +39,11 @@ from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
-from scheduler.prefix_tree import PrefixTreeConfig
 from scheduler.profile import load_cost_model
 from scheduler.routers import RouterConfig
 from scheduler.systems import SYSTEMS
 from sim.cluster import ClusterSim
-from sim.config import SimConfig, default_sim
+from sim.config import SimConfig, buckets_of, default_router, from_libra_config
 from sim.oracle import OracleRouter
 from sim.reward import MEASURED_LAG_GAMMA, MEASURED_LAG_SOURCE, REWARD_NOTE, RewardTracker, curve_for, default_target
 from sim.trace import TraceWorkload, write_trajectories
@@ -100,13 +99,10 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                            lookahead=sysmod.lookahead_of(system, cfg.max_staleness), colocated=bool(real.role_map.colocated),
                            oracle=False,
                            batch_by_finish=spec.batch_by_finish, interrupt_on_update=spec.interrupt_on_update)
-    # C-MLFQ's tree rebuild is O(window x turns); at cluster scale rebuilding every 64 finishes
-    # would dominate the host time, so the simulator rebuilds about once per step.
-    tree = PrefixTreeConfig(rebuild_every=max(64, cfg.trajectories_per_step))
-    rcfg = RouterConfig(tree=tree)
+    rcfg = cfg.router if cfg.router is not None else default_router(cfg)
     buckets = buckets_of(cfg)
     # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
-    pcfg = PlannerConfig(max_batch=cfg.max_seqs_per_instance)
+    pcfg = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
@@ -175,13 +171,6 @@ def _candidates(system: str, extra_layouts) -> list[tuple[str, RoleMap | None, b
             seen.add(_layout_key(rm))
             out.append(("libra", rm, True))
     return out
-
-
-def buckets_of(cfg: SimConfig) -> BucketsConfig:
-    """The rollout buckets a user would set for the workload (its profile's limits), else the defaults."""
-    if cfg.trace_dir is not None or (cfg.bench not in PROFILES and not cfg.bench.endswith(".json")):
-        return BucketsConfig()
-    return BucketsConfig(max_tokens=get_profile(cfg.bench, **dict(cfg.workload_overrides)).bucket_max_tokens)
 
 
 def cost_model_of(cfg: SimConfig):
@@ -290,17 +279,20 @@ def static_splits(cfg: SimConfig, fractions=STATIC_TRAINER_FRACTIONS) -> dict[fl
     return out
 
 
-def run_from_libra_config(cfg, out_dir: Path) -> int:
-    """`python libra.py --bench B --sim [--compare] [--system S] [--seed N] [--out DIR]`: the default preset."""
+def run_from_libra_config(cfg, out_dir: Path, given=()) -> int:
+    """`python libra.py --bench B --sim [--compare] [--system S] [--seed N] [--out DIR] [flags]`: the default
+    preset with the flags given (`given`: their dotted keys) that mean something in the simulator
+    (sim/config.py `from_libra_config`; the others are refused)."""
     if cfg.run.bench not in PROFILES:
         raise ValueError(f"--sim has no workload profile for bench {cfg.run.bench!r}; use one of {sorted(PROFILES)}")
-    sim_cfg = default_sim(cfg.run.bench, seed=cfg.run.seed)
+    sim_cfg = from_libra_config(cfg, given)
     out_dir = Path(out_dir)
     if cfg.run.compare:
-        result = compare(sim_cfg, None, out_dir)
+        result = compare(sim_cfg, list(cfg.run.compare_systems) or None, out_dir)
         print(format_table(result))
         print(f"wrote {out_dir / 'compare.json'} and {out_dir / 'compare.png'}")
-        print(f"libra_vs_colocate: {result['systems']['libra']['vs_colocate']:.2f}")
+        if result["systems"].get("libra", {}).get("vs_colocate") is not None:
+            print(f"libra_vs_colocate: {result['systems']['libra']['vs_colocate']:.2f}")
         return 0
     summary = simulate(sim_cfg, cfg.run.system, out_dir)
     print(f"{cfg.run.system} (sim): {summary['tokens_per_s']:.0f} tok/s, {summary['trajectories_per_s']:.3f} traj/s; "

@@ -63,3 +63,51 @@ def test_default_target_is_reached_at_sixty_percent_of_an_on_policy_run():
     tracker = RewardTracker(curve, 0.9)
     rewards = [tracker.step([0]) for _ in range(10)]
     assert next(i for i, r in enumerate(rewards) if r >= target) == 5
+
+
+def _sim_of(*argv):
+    from config import given_keys, parse_args
+    from sim.config import from_libra_config
+
+    argv = ["--sim", *argv]
+    return from_libra_config(parse_args(argv), given_keys(argv))
+
+
+def test_sim_flags_reach_the_simulated_run():
+    from scheduler.prefix_tree import PrefixTreeConfig
+    from sim.config import buckets_of, default_router, default_sim
+
+    assert _sim_of("--bench", "math", "--seed", "3") == default_sim("math", seed=3)  # the preset: no flag, no change
+    cfg = _sim_of("--bench", "swe", "--step.max-staleness", "3", "--steps", "4", "--nproc", "8", "--model", "qwen3-4b",
+                  "--step.prompts-per-step", "6", "--step.samples-per-prompt", "4", "--rollout.max-batch", "48",
+                  "--planner.interval-steps", "5", "--router.tree.window", "300", "--buckets.max-tokens", "1000,3000")
+    assert (cfg.max_staleness, cfg.steps, cfg.num_devices, cfg.model) == (3, 4, 8, "qwen3-4b")
+    assert (cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_seqs_per_instance) == (6, 4, 48)
+    assert cfg.planner.interval_steps == 5 and cfg.buckets.max_tokens == (1000, 3000) == buckets_of(cfg).max_tokens
+    # a router flag goes on top of the simulator's own router settings (its tree rebuilt about once a step)
+    assert cfg.router.tree == PrefixTreeConfig(window=300, rebuild_every=default_router(cfg).tree.rebuild_every)
+    # the preset's sections (a CPU run's planner, buckets) do not leak into the simulated cluster
+    assert _sim_of("--bench", "swe", "--step.max-staleness", "2").replace(max_staleness=1) == default_sim("swe")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--trainer.lr", "1e-5", "--launch.timeout-s", "5"], "--sim: --launch.timeout-s, --trainer.lr mean(s) nothing in the simulator"),
+    (["--device", "cuda"], "--sim: --device mean(s) nothing in the simulator"),
+    (["--rollout.temperature", "0.5"], "--sim: --rollout.temperature mean(s) nothing"),
+    (["--planner.profile", "auto"], "--sim: --planner.profile auto measures this machine"),
+    (["--model", "smollm2"], "--sim: SimConfig.model='smollm2' is unknown; pick one of"),
+])
+def test_a_flag_without_a_simulator_meaning_is_refused_by_name(argv, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _sim_of(*argv)
+
+
+def test_libra_sim_runs_with_the_flags_given(tmp_path):
+    import libra
+
+    out = tmp_path / "sim"
+    assert libra.main(["--sim", "--bench", "math", "--steps", "2", "--step.max-staleness", "2", "--out", str(out)]) == 0
+    sim = json.loads((out / "config.json").read_text())["sim"]
+    assert (sim["steps"], sim["max_staleness"]) == (2, 2)
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    assert libra.main(["--sim", "--bench", "math", "--trainer.lr", "1e-5", "--out", str(tmp_path / "no")]) == 2
