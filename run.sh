@@ -2,7 +2,8 @@
 # Libra set-up and entry point.
 #   bash run.sh            set up .venv if needed, then run the main job: python libra.py --bench swe
 #   bash run.sh ARGS...    same, passing ARGS to libra.py (e.g. bash run.sh --bench math --steps 5)
-#   bash run.sh test       set up, then run the test suite
+#   bash run.sh test       set up, then run the test suite (what CI runs)
+#   bash run.sh test quick the same without the tests marked slow (a few minutes less; see tests/README.md)
 # Env knobs (defaults in brackets):
 #   VENV [.venv]  PYTHON [python3]  NPROC [libra's default]  DEVICE [auto]  BENCH [swe]
 #   LIBRA_NPU=1 also installs requirements-npu.txt (Ascend with CANN only)
@@ -78,13 +79,16 @@ setup
 PY="$VENV/bin/python"
 if [ "${1:-}" = test ]; then
   shift
+  if [ "${1:-}" = quick ]; then shift; set -- -m "not slow" "$@"; fi
   # shellcheck disable=SC2086
   exec "$PY" -m pytest ${PYTEST_ARGS:--q} "$@" tests
 fi
 args=()
-[ -n "${NPROC:-}" ] && args+=(--nproc "$NPROC")
-[ -n "${DEVICE:-}" ] && args+=(--device "$DEVICE")
 has_bench=0
-for a in "$@"; do case "$a" in --bench|--bench=*|--help|-h) has_bench=1;; esac; done
+is_sim=0
+for a in "$@"; do case "$a" in --bench|--bench=*|--help|-h) has_bench=1;; --sim) is_sim=1;; esac; done
+[ -n "${NPROC:-}" ] && args+=(--nproc "$NPROC")
+# a simulated run has no device of its own (--sim refuses --device)
+[ -n "${DEVICE:-}" ] && [ "$is_sim" = 0 ] && args+=(--device "$DEVICE")
 [ "$has_bench" = 1 ] || args+=(--bench "${BENCH:-swe}")
 exec "$PY" libra.py "${args[@]}" "$@"
