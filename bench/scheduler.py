@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from scheduler.api import OutcomeState
+from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import calibrate_cpu, get_cost_model
 from scheduler.layout import BucketsConfig, split_role_map
 from scheduler.planner import GlobalPlanner, Workload
@@ -78,7 +79,7 @@ def bench_router(kind: str, num_events: int, in_flight: int, seed: int = 0) -> l
         for o, a in zip(outs, at):
             r.on_tool_return(f"w{i}", o, a, 0.0)
         r.on_finish(f"w{i}", total, 0.0)
-    if hasattr(r, "tree"):
+    if isinstance(r, CMLFQRouter):
         r.tree.rebuild()
     tokens = {}
     for i in range(in_flight):

@@ -92,3 +92,9 @@ class OracleRouter:
 
     def on_cancel(self, request_id: str, now: float) -> None:
         self.on_finish(request_id, 0, now)
+
+    def tree_json(self) -> str | None:
+        return None  # it knows every length already: nothing learned to keep
+
+    def load_tree_json(self, text: str) -> None:
+        """Nothing to warm-start: the oracle is told every length up front (`know`)."""

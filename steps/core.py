@@ -399,9 +399,8 @@ class StepCore:
         return out
 
     def state(self) -> RunState:
-        tree = getattr(self.router, "tree", None)
         return RunState(step=self.trained, policy_version=self.version, role_map=self.role_map,
-                        prefix_tree=tree.to_json() if tree is not None else None,
+                        prefix_tree=self.router.tree_json(),
                         ledger=self.ledger.counts(before_step=self.trained),
                         trained_task_ids=tuple(self.ledger.trained_order), wall_s=self._last_step_end)
 

@@ -175,7 +175,7 @@ def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None) -> 
     if cfg.run.demo_turns > 0:
         tasks = add_demo_turns(tasks, cfg.run.demo_turns, scripted_agents(cfg.run.bench)[0])
     router = make_router(cfg.run.system, cfg.router)
-    if resume and resume.prefix_tree and hasattr(router, "load_tree_json"):
+    if resume and resume.prefix_tree:
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model, remaining, cfg.planner,

@@ -34,6 +34,9 @@ class FakeRouter:
         self.ids = ids
         return moved
 
+    def tree_json(self):
+        return None  # learns nothing a checkpoint keeps
+
     def admit(self, rid, prompt_id, prompt_tokens, now):
         self.where[rid] = self.ids[0]
         return Route(self.ids[0], "short")
