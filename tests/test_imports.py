@@ -174,3 +174,12 @@ def test_the_engine_never_runs_a_benchmark():
             if BENCH_NAME.search(text) or text.startswith("-m bench"):
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
     assert bad == []
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in a helper module (tests/*_helpers.py, scripted_model.py) or conftest.py: a test
+    that imports another test module runs only when pytest happened to put that module's folder on sys.path."""
+    tests = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in (ROOT / "tests").rglob("*.py")
+           for m, _ in imports(p, tests) if m in tests]
+    assert bad == []

@@ -4,11 +4,11 @@ that is dropped instead of stopping the run."""
 
 import importlib.util
 import logging
-import struct
 
 import pytest
 
 import config
+from logger_helpers import read_scalars
 from loggers import SLASH_KEYS, MetricLoggers, check_loggers, slash_metrics
 from runlog import METRIC_FIELDS
 
@@ -41,21 +41,7 @@ def test_a_missing_logger_package_is_refused_with_the_pip_command(monkeypatch):
         config.parse_args(["--loggers", "console,wandb"])
 
 
-def read_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
-    """Scalars of TFRecord event files (8-byte length, 4-byte crc, the Event proto, 4-byte crc)."""
-    from tensorboardX.proto.event_pb2 import Event
 
-    out = {}
-    for path in sorted(logdir.glob("events.out.tfevents.*")):
-        data, pos = path.read_bytes(), 0
-        while pos < len(data):
-            (n,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = Event.FromString(data[pos + 12:pos + 12 + n])
-            pos += 12 + n + 4
-            for v in event.summary.value:
-                if v.HasField("simple_value"):
-                    out.setdefault(v.tag, []).append((event.step, round(v.simple_value, 6)))
-    return out
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("tensorboardX"), reason="tensorboardX not installed (requirements-dev.txt)")

@@ -19,7 +19,7 @@ import torch
 from engine.models import build_tiny, render_prompt, save_policy_dir
 from engine.rollout.engine import RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
 from scripted_model import Scripted
-from test_rollout import FakeEpisode, make_script, run, task_for
+from rollout_helpers import FakeEpisode, make_script, run, task_for
 
 torch.set_num_threads(1)
 ROOT = str(Path(__file__).resolve().parents[3])
@@ -75,7 +75,7 @@ def test_a_tp_instance_engine_core_sees_exactly_its_devices(monkeypatch):
 def test_libra_with_the_vllm_backend_fails_at_start_up_in_one_line(tmp_path):
     """`python libra.py --rollout.backend vllm`: without vLLM, one line naming it and the set-up command; with it,
     the tiny model (head_dim 16) is refused in one line. Either way before any rank starts or the run dir exists."""
-    from test_startup_errors import RUN, _fails
+    from cli_helpers import RUN, fails as _fails
 
     out = tmp_path / "run"
     args = ("--bench", "toy", "--model", "tiny", "--rollout.backend", "vllm", "--out", str(out), *RUN)

@@ -18,7 +18,7 @@ import pytest
 
 import libra
 from engine.runtime import checkpoint
-from test_loggers import read_scalars
+from logger_helpers import read_scalars
 from runlog import METRIC_FIELDS, SUMMARY_FIELDS, read_metrics
 from scheduler.systems import SYSTEMS
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import ERROR, RUN, expose_interpreter
+from cli_helpers import fails as _fails
+from cli_helpers import libra as _libra
 from envs.sandbox.sandbox import Sandbox, SandboxConfig
 
 ROOT = Path(__file__).resolve().parents[3]
-RUN = ["--device", "cpu", "--steps", "1"]
-ERROR = re.compile(r"^\d\d:\d\d:\d\d libra: (.*)$", re.M)
 NOBODY = 65534
 
 
@@ -42,26 +42,6 @@ def _namespaces() -> str | None:
 NO_NS = _namespaces()
 needs_ns = pytest.mark.skipif(NO_NS is not None, reason=f"user namespaces unavailable: {NO_NS}")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only then does the sandbox run as another uid")
-
-
-def _libra(*args: str, python: str = sys.executable) -> tuple[int, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LIBRA_LOG": "INFO"}
-    proc = subprocess.run([python, str(ROOT / "libra.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=180)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def _fails(rc_expected: int, *args: str, python: str = sys.executable, out: Path | None = None) -> str:
-    """Run libra, expect it to fail with `rc_expected` and one error line; return that line."""
-    rc, text = _libra(*args, python=python)
-    assert "Traceback" not in text, text[-3000:]
-    lines = ERROR.findall(text)
-    assert len(lines) == 1, text[-3000:]
-    assert rc == rc_expected, (rc, lines[0])
-    assert " failed: " not in text, text[-2000:]  # no rank was reached (engine/runtime/launch.py WorkerFailed)
-    if out is not None:
-        assert not out.exists(), f"{out} was created by a run that failed at start-up"
-    return lines[0]
 
 
 def _venv(parent: Path, name: str = "vx") -> Path:
@@ -118,8 +98,6 @@ def test_symlinked_venv_runs_in_the_sandbox(tmp_path, how):
 @as_root
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="util-linux setpriv is needed to drop to uid 65534")
 def test_symlinked_venv_runs_in_the_sandbox_as_an_unprivileged_user():
-    from test_adversarial import _expose_interpreter
-
     base = Path(tempfile.mkdtemp(prefix="libra-startup-"))  # not tmp_path: uid 65534 cannot enter it
     try:
         base.chmod(0o755)
@@ -127,7 +105,7 @@ def test_symlinked_venv_runs_in_the_sandbox_as_an_unprivileged_user():
         (base / "sb").chmod(0o777)
         python = _symlinked_pythons(base)["prefix"]
         script = _PROBE.format(root=str(ROOT), sandbox_root=str(base / "sb"))
-        proc = subprocess.run(_expose_interpreter([python, "-c", script], uid=NOBODY), capture_output=True, text=True,
+        proc = subprocess.run(expose_interpreter([python, "-c", script], uid=NOBODY), capture_output=True, text=True,
                               timeout=120, cwd=base)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.split()[:2] == ["0", python], proc.stdout

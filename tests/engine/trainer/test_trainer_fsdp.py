@@ -16,7 +16,7 @@ import torch.distributed as dist
 from engine.devices import DeviceInfo
 from engine.runtime.launch import PRELOAD, spawn
 from engine.trainer.trainer import Trainer, TrainerConfig, plan_micro_batches
-from test_trainer import make_trajs
+from trainer_helpers import make_trajs
 
 CPU = DeviceInfo("cpu", 2)
 # adam_eps=1 keeps the first updates linear in the gradient (see test_micro_batching_...).

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import adversarial_drivers as adv
-from envs.sandbox import fs as sfs
+from cli_helpers import expose_interpreter
 from envs.sandbox.sandbox import Sandbox, SandboxConfig
 
 DRIVER = Path(adv.__file__).resolve()
@@ -87,22 +87,6 @@ def _custom_root() -> Path:
     return path
 
 
-def _expose_interpreter(argv: list[str], *, uid: int | None, stage: Path | None = None) -> list[str]:
-    """argv run in a private mount namespace where /root and /home are traversable, with the
-    interpreter's dirs under them bound back, optionally as `uid` (root only). The staging dir
-    (`stage`, else a fresh temp dir) is removed by the script once the binds moved away (one was
-    left per run, issue 30; tests/engine/runtime/test_startup_errors.py passes none)."""
-    stage = stage or Path(tempfile.mkdtemp(prefix="libra-adv-stage-"))
-    dirs = [d for d in sfs.interpreter_dirs() if sfs.under(d, "/root") or sfs.under(d, "/home")]
-    script = ('set -e; i=0; for d in $DIRS; do mkdir -p "$STAGE/$i"; mount --bind "$d" "$STAGE/$i"; i=$((i+1)); done\n'
-              'for top in /root /home; do [ -d $top ] && mount -t tmpfs -o size=1m,mode=755 none $top; done\n'
-              'i=0; for d in $DIRS; do mkdir -p "$d"; mount --move "$STAGE/$i" "$d"; rmdir "$STAGE/$i"; i=$((i+1)); done\n'
-              'rmdir "$STAGE"; exec "$@"')
-    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
-    return ["env", f"DIRS={' '.join(dirs)}", f"STAGE={stage}", "unshare", "--mount", "--propagation", "private",
-            "sh", "-c", script, "sh", *drop, *argv]
-
-
 def _run_driver(args: list[str], *, uid: int | None) -> tuple[dict, str]:
     """The drivers' results in a subprocess (`uid`: dropped to it): ({attack: {...}}, the sandbox's isolation)."""
     work = Path(tempfile.mkdtemp(prefix="libra-adv-out-"))  # not tmp_path: /tmp/pytest-of-root is 0700
@@ -110,7 +94,7 @@ def _run_driver(args: list[str], *, uid: int | None) -> tuple[dict, str]:
     out = work / "results.json"
     argv = [sys.executable, str(DRIVER), "--json", str(out), *args]
     if os.geteuid() == 0:
-        argv = _expose_interpreter(argv, uid=uid, stage=work / "stage")
+        argv = expose_interpreter(argv, uid=uid, stage=work / "stage")
     env = {**os.environ, "HOME": str(work), "TMPDIR": "/tmp"}
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env, cwd=str(DRIVER.parents[3]))

@@ -8,7 +8,8 @@ import torch
 from engine.models import build_tiny, render_prompt
 from engine.rollout.engine import Finished, RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
 from envs.base import ToolResult
-from test_rollout import Scripted, make_script, task_for
+from rollout_helpers import make_script, task_for
+from scripted_model import Scripted
 
 torch.set_num_threads(1)
 
