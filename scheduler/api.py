@@ -28,7 +28,7 @@ Planner protocol (`scheduler/planner.py`):
 `OutcomeState` is the discrete tool-return state of the C-MLFQ paper: (tool, size class,
 status). `envs/base.py` derives it from a `ToolResult`; the simulator samples it.
 
-Invariants (tests/test_scheduler_*.py): decisions only name instances of the current layout;
+Invariants (tests/scheduler/): decisions only name instances of the current layout;
 a migration only goes to a strictly longer bucket.
 """
 

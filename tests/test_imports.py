@@ -183,3 +183,14 @@ def test_no_test_module_imports_another():
     bad = [f"{p.relative_to(ROOT)} imports {m}" for p in (ROOT / "tests").rglob("*.py")
            for m, _ in imports(p, tests) if m in tests]
     assert bad == []
+
+
+def test_every_test_a_module_docstring_cites_exists():
+    """A module's docstring names the tests that check its invariants; after a move they must still resolve."""
+    bad = []
+    for name, path in modules().items():
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        for cited in re.findall(r"\btests/[\w/*]+(?:\.py|/)", doc):
+            if not list(ROOT.glob(cited.rstrip("/"))):
+                bad.append(f"{name}: {cited}")
+    assert bad == []

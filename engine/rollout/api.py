@@ -4,7 +4,7 @@
 compared by member): ready (queued to join the batch), running (decoding), tool (its calls run on
 the tool pool, its KV parked), scoring (its turn loop ended; the env scores it).
 
-Invariants (tests/test_rollout*.py): every config error message names the value, the
+Invariants (tests/engine/rollout/): every config error message names the value, the
 constraint and the fix; a `MigrationState` holds everything needed to resume a request on
 another instance by re-prefilling its token ids (it pickles; no tensors, no futures).
 """

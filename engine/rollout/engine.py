@@ -23,7 +23,7 @@ talks to the env; `BatchRunner` broadcasts each KV op to the followers, which re
 `kv_cache` and `linears` pick the runner's KV cache and CPU linears (engine/rollout/runner.py): the
 defaults are the engine's own, the others the baselines bench/decode.py measures it against.
 
-Invariants (tests/test_rollout*.py): with pauses, joins, cancellations and migrations, greedy
+Invariants (tests/engine/rollout/): with pauses, joins, cancellations and migrations, greedy
 tokens equal decoding each trajectory alone and log-probs match within 1e-5; the turn logic's
 invariants (engine/rollout/turns.py) hold.
 """

@@ -28,7 +28,7 @@ Sampling (`join`/`step`, on the leader): log-probs of the distribution at the te
 top-p; the trainer's convention, in fp32 whatever the model's dtype); greedy at temperature 0;
 otherwise each request draws from its own generator, with nucleus `top_p`.
 
-Invariants (tests/test_rollout*.py): logits of a row never depend on the other rows (matches a
+Invariants (tests/engine/rollout/): logits of a row never depend on the other rows (matches a
 full recompute of the sequence alone within 1e-5); a parked row resumes with exactly its own KV.
 """
 

@@ -18,7 +18,7 @@ vLLM `VllmRunner`), which owns the model, the KV and the sampling. One `step()`:
      request is scored on the pool and its KV dropped. `Phase` (engine/rollout/api.py) is where
      each request is: READY -> RUNNING -> (TOOL -> READY ...) -> SCORING.
 
-Invariants (tests/test_rollout*.py, through both backends): a malformed tool call becomes a failure
+Invariants (tests/engine/rollout/, through both backends): a malformed tool call becomes a failure
 result the model sees; every added request ends in exactly one of `Finished`, `export` or
 `cancel`; trajectories satisfy `Trajectory.check()`; no tool output makes a trajectory longer
 than `max_total_tokens`, and special-token text in it never becomes a special id.

@@ -34,7 +34,7 @@ and optimizer state with bf16 compute (FSDP2 mixed precision when sharded, autoc
 Memory: `activation_checkpointing` (on by default on accelerators) keeps each decoder layer's
 input only and recomputes the layer in backward.
 
-Invariants (tests/test_trainer*.py): a zero-advantage step changes no parameter; parameters
+Invariants (tests/engine/trainer/): a zero-advantage step changes no parameter; parameters
 change otherwise; a trajectory over `max_tokens` is cut to it before training and counted; a NaN
 in one micro-batch of one rank leaves every rank's weights unchanged; stale tokens are weighted
 exactly by pi_prox / pi_behave (decoupled) or clipped against their recorded log-probs (bypass);

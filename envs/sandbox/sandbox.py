@@ -36,7 +36,7 @@ cap and what was removed.
 Start-up: which isolation this machine gives, what it lacks, and whether our interpreter runs inside
 are checked when a Sandbox is built (envs/sandbox/startup.py).
 
-Invariants (tests/test_sandbox*.py, tests/envs/sandbox/test_adversarial.py, tests/engine/runtime/test_startup_errors.py):
+Invariants (tests/envs/sandbox/test_sandbox*.py, tests/envs/sandbox/test_adversarial.py, tests/engine/runtime/test_startup_errors.py):
 fork bombs, memory blow-ups (also across processes and through tmpfs), infinite loops, 1 GB writes,
 network connects, reads/writes outside the work dir, unmounts and setsid daemons are contained;
 every call returns within timeout + 1 s; no process, open file, cgroup or temp dir outlives its

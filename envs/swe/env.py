@@ -20,7 +20,7 @@ Algorithm:
      returns the reward with its reason (`envs.base.Reward`) for the run's metrics.
   4. `close()` removes the episode's work dirs.
 
-Invariants (tests/test_envs_swe*.py, tests/envs/sandbox/test_adversarial.py): an oracle agent that applies the
+Invariants (tests/envs/swe/test_envs_swe*.py, tests/envs/sandbox/test_adversarial.py): an oracle agent that applies the
 known patch gets 1.0 and an agent that only edits the visible tests gets 0.0; whatever the
 model writes, `execute` returns a ToolResult and `score` a reward (only the sandbox failing to
 start raises ToolInfraError); paths never leave the work dir; closed episodes leave no work dir; no
