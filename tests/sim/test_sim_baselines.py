@@ -24,6 +24,15 @@ def test_the_tuned_configuration_is_at_least_as_fast_as_the_default(cfg, system)
     assert t.best["trajectories"] == t.default["trajectories"]  # the same work, only faster
 
 
+@pytest.mark.parametrize("system", ("static", "length_aware"))
+def test_the_exhaustive_search_simulates_every_candidate_and_no_top_k_search_beats_it(cfg, system):
+    full, quick = tune(cfg, system), tune(cfg, system, top_k=1)
+    assert all(tps is not None for _, _, tps in full.tried)  # every candidate ran, none only priced
+    assert len(full.tried) == len(quick.tried)
+    assert full.best["tokens_per_s"] >= quick.best["tokens_per_s"]
+    assert full.best["tokens_per_s"] == max(tps for _, _, tps in full.tried)
+
+
 def test_candidates_are_valid_layouts_of_what_each_system_lets_its_users_set(cfg):
     stats: list = []
     play_system(cfg, "static", stats_out=stats)
