@@ -34,6 +34,7 @@ SUMMARY_FIELDS = ("bench", "system", "mode", "steps", "tokens_per_s", "trajector
                   "reward_last", "wall_s", "dropped", "peak_rss_mb")
 
 
+PREDICTED_KEY = "planner/predicted_step_s"  # row extra: the planner's forecast of this step's step_s, made before it ran
 LAG_KEY = "trajectories_at_lag/"  # row extra "trajectories_at_lag/K": trained trajectories whose oldest token is K versions old
 
 
@@ -85,6 +86,18 @@ def idle_fractions(*, step_s: float, rollout_s: float, train_s: float, sync_s: f
     return round(1.0 - rollout_busy / step_s, 4), round(train_idle, 4)
 
 
+def forecast_error(rows: list[dict]) -> dict:
+    """How well the planner foresaw its own steps: over the rows with a forecast (`PREDICTED_KEY`), the mean
+    predicted and measured step_s and the mean of |predicted / measured - 1|; {} when no row has one."""
+    pairs = [(m[PREDICTED_KEY], m["step_s"]) for m in rows if m.get(PREDICTED_KEY) and m["step_s"] > 0]
+    if not pairs:
+        return {}
+    n = len(pairs)
+    return {"planner_forecast_steps": n, "planner_predicted_step_s": sum(p for p, _ in pairs) / n,
+            "planner_measured_step_s": sum(s for _, s in pairs) / n,
+            "planner_forecast_error": sum(abs(p / s - 1) for p, s in pairs) / n}
+
+
 def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: float, dropped: dict,
               peak_rss_mb: float, reward_target: float | None = None, **extra) -> dict:
     """docs/design.md summary from the step rows; throughput over `wall_s` (the whole run; simulated seconds in sim)."""
@@ -107,6 +120,7 @@ def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: f
         "idle_frac_train": sum(m["idle_frac_train"] for m in rows) / n,
         "role_map_first": rows[0].get("role_map_desc", "") if rows else "",
         "role_map_last": rows[-1].get("role_map_desc", "") if rows else "",
+        **forecast_error(rows),
         **extra,
     }
 

@@ -115,4 +115,8 @@ class Router(Protocol):
 
 
 class Planner(Protocol):
+    # the step time it predicts for the next step on the layout in force (None: nothing to predict from yet);
+    # each metrics row reports the forecast made before its step beside the measured step_s
+    forecast_step_s: float | None
+
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None: ...

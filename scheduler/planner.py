@@ -28,6 +28,9 @@ Algorithm, per `on_step_end(stats, now)`:
 5. A cost model that cannot price moving ranks between training and rollout (`prices_split`
    False: the analytic tables on a CPU run, whose ranks share cores) keeps the split; the
    planner says so once and still re-plans the buckets.
+6. After each step it forecasts the next one on the layout in force (`forecast_step_s`: the
+   recent workload, as calibrated); the step core writes that forecast into the next step's row
+   beside the measured `step_s`, and the summary says how far off it was on average.
 
 Invariants (tests/scheduler/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
@@ -123,6 +126,7 @@ class GlobalPlanner:
         self._switch: Switch | None = None  # the last plan's change, until its measured cost arrives
         self.prices_split = cost_model.prices_split  # False: keep the split (module docstring, 5)
         self._said_unpriced = False
+        self.forecast_step_s: float | None = None  # the next step's time on the layout in force (module docstring, 6)
 
     @property
     def rollout_scale(self) -> float:
@@ -145,6 +149,17 @@ class GlobalPlanner:
         return self._decision(best, role_map, cur_s, switch, "initial plan")
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
+        decision = self._on_step_end(stats, now)
+        self.forecast_step_s = self._forecast()
+        return decision
+
+    def _forecast(self) -> float | None:
+        """The step time the model predicts for the layout in force on the recent workload, as calibrated."""
+        if self.current is None or self.current.colocated or not any(s.trajectory_tokens for s in self._history):
+            return None
+        return self.search.predict(self.current, Workload.from_stats(self._history), self.scales)[0]
+
+    def _on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
         self.remaining_steps -= 1
         self._steps_since_plan += 1
         self._steps_on_layout += 1

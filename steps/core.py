@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from runlog import LAG_KEY, MetricsRow, idle_fractions
+from runlog import LAG_KEY, PREDICTED_KEY, MetricsRow, idle_fractions
 from scheduler.api import OutcomeState, StepStats
 from scheduler.layout import RoleMap, keep_instance_ids
 from steps.commands import Add, Cancel, CoreConfig, Export, Finished, NewRequest, RunState, StepEnd, TrainBatch
@@ -338,6 +338,8 @@ class StepCore:
             if f.reward_reason:
                 extra[f"score/{f.reward_reason}"] = extra.get(f"score/{f.reward_reason}", 0) + 1
         extra.update({f"dropped/{reason}": n for reason, n in sorted(st.dropped.items())})
+        if self.planner is not None and self.planner.forecast_step_s is not None:  # foreseen before this step ran
+            extra[PREDICTED_KEY] = self.planner.forecast_step_s
         # each trajectory's own lag (its oldest token): the simulator's reward model prices every one
         for lag in (self.version - 1 - v for v in versions):
             extra[f"{LAG_KEY}{lag}"] = extra.get(f"{LAG_KEY}{lag}", 0) + 1

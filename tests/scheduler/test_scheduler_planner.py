@@ -115,6 +115,18 @@ def test_workload_shift_replans_once_then_settles():
     assert p.on_step_end(settled, 2.0) is None
 
 
+def test_after_each_step_it_forecasts_the_next_on_the_layout_in_force():
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=100), GPU, 32, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    assert p.forecast_step_s is None  # no step has run: nothing to forecast from
+    stats = StepStats(step=0, rollout_s=first.details["rollout_s"], train_s=first.details["train_s"],
+                      trajectory_tokens=lens, train_tokens=int(1e5), role_map=first.role_map)
+    p.on_step_end(stats, 1.0)
+    wl = Workload.from_stats([stats])
+    assert p.forecast_step_s == p.search.predict(p.current, wl, p.scales)[0] > 0
+
+
 def test_gain_must_amortise_reconfiguration():
     lens = _lengths(3, 128, 1500, 1.5, 16000)
     p = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=1)

@@ -186,6 +186,8 @@ def test_same_inputs_same_metrics():
 class OnePlan:
     """Proposes `role_map` at the end of step `at` (a planner that knows what it wants)."""
 
+    forecast_step_s = None  # it foresees nothing
+
     def __init__(self, role_map, at):
         self.role_map, self.at = role_map, at
 

@@ -3,7 +3,7 @@ the ledger, stale drops, metrics rows and planner stats, migrations, drains for 
 
 import pytest
 
-from runlog import METRIC_FIELDS
+from runlog import METRIC_FIELDS, PREDICTED_KEY, forecast_error
 from scheduler.api import Decision, OutcomeState, Route
 from scheduler.layout import Bucket, split_role_map
 from steps.commands import CoreConfig, Export, Finished, NewRequest, RunState
@@ -61,9 +61,11 @@ class FakeRouter:
 class FakePlanner:
     def __init__(self, plan=None):
         self.stats, self.plan = [], plan
+        self.forecast_step_s = None  # after step k it foresees 10 * k seconds for the next one
 
     def on_step_end(self, stats, now):
         self.stats.append(stats)
+        self.forecast_step_s = 10.0 * len(self.stats)
         plan, self.plan = self.plan, None
         return plan
 
@@ -120,6 +122,23 @@ def test_a_step_trains_in_request_order_and_the_row_says_what_happened():
     assert stats.tool_latency_s == (0.5, 0.5) and stats.train_tokens == 110
     assert stats.signal_tokens == (30, 40)  # each trajectory's tokens at its first tool return, in batch order
     assert c.trained == 1 and c.version == 1 and c.ledger.trained_order == ["task0", "task0"]
+    assert PREDICTED_KEY not in row  # nothing was foreseen before the first step
+
+
+def test_each_row_carries_the_planners_forecast_made_before_its_step():
+    planner = FakePlanner()
+    c = make_core(planner=planner, steps=3)
+    rows = []
+    for s in range(2):
+        admit(c, now=10.0 * s)
+        for i in range(2):
+            finish(c, f"s{s}-{i}", 10.0 * s + 1)
+        c.take_batch(10.0 * s + 1)
+        c.on_trained(train_s=1.0)
+        rows.append(c.end_step(10.0 * s + 2, sync_s=0.0).row.to_dict())
+    assert PREDICTED_KEY not in rows[0] and rows[1][PREDICTED_KEY] == 10.0  # foreseen at the end of step 1
+    assert forecast_error([{**rows[1], "step_s": 8.0}]) == {"planner_forecast_steps": 1, "planner_predicted_step_s": 10.0,
+                                                             "planner_measured_step_s": 8.0, "planner_forecast_error": 0.25}
 
 
 def test_the_row_counts_why_each_reward_is_what_it_is():
