@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,12 @@ class MetricsRow:
     def from_dict(cls, d: dict) -> MetricsRow:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         return cls(**{k: d[k] for k in names if k in d}, extra={k: v for k, v in d.items() if k not in names})
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set in MB (`peak_rss_mb` of summary.json): the simulator's whole reading,
+    and the host half of the engine's `engine.devices.peak_memory_mb`."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def idle_fractions(*, step_s: float, rollout_s: float, train_s: float, sync_s: float, colocated: bool) -> tuple[float, float]:

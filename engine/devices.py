@@ -33,11 +33,12 @@ import glob
 import importlib.util
 import logging
 import os
-import resource
 import socket
 from dataclasses import dataclass
 
 import torch
+
+from runlog import peak_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def peak_memory_mb(device: torch.device | str | None = None) -> PeakMemory:
     if _PEAK_WINDOW:
         host = _proc_status_mb("VmHWM")
     else:
-        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        host = peak_rss_mb()
     acc = _accelerator(device)
     return PeakMemory(host, acc.max_memory_allocated(device) / 2**20 if acc is not None else 0.0)
 

@@ -29,12 +29,11 @@ import dataclasses
 import gc
 import json
 import logging
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runlog import add_ratios, format_table, plot_compare, summarize, trajectory_lags
+from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
@@ -202,7 +201,7 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     # the simulator trains nothing: its reward is the documented model of training progress
     metrics = [{**row, "reward_mean": tracker.step(trajectory_lags(row))} for row in sim.rows]
     summary = summarize(metrics, bench=cfg.bench, system=system, mode="sim", wall_s=metrics[-1]["time_s"],
-                        dropped=sim.core.ledger.counts()["dropped"], peak_rss_mb=_peak_rss_mb(),
+                        dropped=sim.core.ledger.counts()["dropped"], peak_rss_mb=peak_rss_mb(),
                         reward_target=target, sim_wall_s=time.perf_counter() - t0, note=REWARD_NOTE,
                         lag_gamma=cfg.lag_gamma, lag_gamma_source=MEASURED_LAG_SOURCE if cfg.lag_gamma == MEASURED_LAG_GAMMA else "SimConfig")
     if system == ORACLE:
@@ -210,10 +209,6 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
     return summary, metrics, sim.admitted or [], layouts_used(layouts)
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _write_run(out_dir: Path, cfg: SimConfig, system: str, summary: dict, metrics: list[dict], admitted=()) -> None:
