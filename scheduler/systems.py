@@ -7,7 +7,8 @@ The runtime and the simulator build a system's router, first role map and planne
 and nowhere else, so a system means the same thing in both.
 
 Initial layouts (`initial_role_map`), for world_size G >= 2 and trainer share f:
-- colocate: every rank trains and generates (`colocated_role_map`).
+- colocate, libra-hybrid: every rank trains and generates (`colocated_role_map`); colocate
+  alternates the two, libra-hybrid overlaps them by time-sharing (`lookahead_of`).
 - homogeneous systems: round(G f) trainer ranks (at least 1, leaving at least 1), the rest TP-m
   instances of one unbounded bucket, m the model's minimum TP (1 without a cost model).
 - heterogeneous systems: the same split; rollout ranks R get one "long" instance of the largest
@@ -86,6 +87,10 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("libra-partial", "cmlfq", True, True, True,
           "libra whose batches are the first groups to finish (partial-rollout's batching): the tail leaves the step",
           batch_by_finish=True),
+    _spec("libra-hybrid", "least_load", False, False, False,
+          "libra's time-shared hybrid layout: every rank hosts a rollout instance and trains; while a batch's tail "
+          "finishes, the free instances start the next step's trajectories (one step of lookahead); all pause to "
+          "train and resume on the new weights (not yet chosen by libra's planner)", colocated=True),
     _spec("libra-no-planner", "cmlfq", True, False, False, "libra with its initial layout kept for the whole run"),
     _spec("libra-no-realloc", "cmlfq", True, True, False, "libra whose planner re-plans buckets but keeps the train/rollout split"),
     _spec("libra-no-cmlfq", "least_load", True, True, True, "libra with least-load routing instead of C-MLFQ"),
@@ -170,7 +175,8 @@ def lookahead_of(system: str, max_staleness: int, *, colocated: bool | None = No
     not the system's own (a layout held fixed); None: the system's own."""
     spec = get_system(system)
     colocated = spec.colocated if colocated is None else colocated
-    return max_staleness if spec.async_pipeline and not colocated else 0
+    hybrid = spec.colocated and spec.async_pipeline  # time-shared: generation pauses while the same ranks train
+    return max_staleness if spec.async_pipeline and (hybrid or not colocated) else 0
 
 
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,

@@ -6,6 +6,7 @@ nobody runs Qwen3-14B at TP1 when TP4/TP8 decode the tail 3-5x faster. So for ev
 workload, and keeps the fastest simulated run:
 
   colocate      rollout TP (every rank trains, then generates)
+  libra-hybrid  the same (libra's time-shared layout, tuned as the peers are until libra's planner chooses it)
   static        trainer share x rollout TP (one bucket)
   verl-async    the same parts as static (verl's one-step-off async), tuned the same way
   fully-async   trainer share x rollout TP x its staleness bound (1, 2, 4: AReaL's users raise it)
@@ -82,7 +83,7 @@ def candidates(system: str, cfg: SimConfig, cost, buckets: BucketsConfig, wl: Wo
     """Every configuration of `system` a user could set (module docstring), each validated."""
     g, out = cfg.num_devices, []
     single = buckets.single()
-    if system == "colocate":
+    if sysmod.get_system(system).colocated:
         for tp in _tps(cost):
             if g % tp == 0:
                 out.append(Candidate(f"colocated TP{tp}", colocated_role_map(world_size=g, tp=tp)))
@@ -129,7 +130,7 @@ def predict(system: str, cand: Candidate, cfg: SimConfig, cost, buckets: Buckets
     search = LayoutSearch(cost, cfg.num_devices, bks, allowed_tp=VALID_TP, max_batch=cfg.max_seqs_per_instance,
                           min_tp=1, min_train=1, lookahead=lookahead)
     step_s, rollout_s, train_s = search.predict(cand.role_map, wl, Scales())
-    return rollout_s + train_s if spec.colocated else step_s
+    return rollout_s + train_s if spec.colocated else step_s  # (time-shared: an upper bound, it only orders the table)
 
 
 def tune(cfg: SimConfig, system: str, *, top_k: int | None = None) -> Tuned:

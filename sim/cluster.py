@@ -287,7 +287,26 @@ class ClusterSim:
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
             dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores, num_trainer)
         self.trainer_busy = True
+        if dur and self._time_shared():  # the ranks that train are the rollout's: generation pauses meanwhile
+            for inst in self.instances.values():
+                inst.stall(self.now, dur)
+            self._drop_parked_kv()
         self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens, stepped))
+
+    def _time_shared(self) -> bool:
+        """A colocated layout with batches in flight while one trains (libra-hybrid)."""
+        return self.role_map.colocated and self.core.cfg.lookahead > 0
+
+    def _drops_kv(self) -> bool:
+        """Whether training on the rollout's devices takes their KV memory (an accelerator; a CPU shares one memory)."""
+        return self._time_shared() and not self.cost.shared_cores
+
+    def _drop_parked_kv(self) -> None:
+        """Requests waiting on a tool lose their parked KV to the trainer: they rejoin with their whole context."""
+        if self._drops_kv():
+            for req in self.reqs.values():
+                if req.finished_at < 0 and req.tool_until > self.now:
+                    req.need_prefill = req.context
 
     def _on_train_done(self, dur: float, tokens: int, stepped: bool) -> None:
         self.training = False
@@ -297,9 +316,10 @@ class ClusterSim:
         for inst in self.instances.values():
             # fully async: generation stops for the update, and the running sequences' KV, computed
             # by the old weights, is recomputed: a prefill of each sequence's context (attention is
-            # quadratic per sequence, not over the batch's tokens taken as one sequence)
+            # quadratic per sequence, not over the batch's tokens taken as one sequence); a hybrid
+            # rank on an accelerator re-prefills it too (the trainer took the KV memory)
             redo = 0.0
-            if self.interrupt_on_update and inst.num_active:
+            if (self.interrupt_on_update or self._drops_kv()) and inst.num_active:
                 redo = inst.num_active * self.cost.prefill_s(int(inst.kv_tokens() / inst.num_active), inst.tp)
             inst.stall(self.now, sync + redo)
             self._kick(inst)

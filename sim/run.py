@@ -113,7 +113,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
 
 # Standalone, the oracle's schedule is the best clairvoyant one over these planners/pipelines; in
 # `compare` it also tries, as fixed layouts, the layouts every other system ran on.
-ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate")
+ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate", "libra-hybrid")
 
 
 def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None,

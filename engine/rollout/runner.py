@@ -171,10 +171,12 @@ class BatchRunner:
         return self._offloaded
 
     def offload(self) -> None:
-        """Drop the KV cache, move the weights to the host (not for a TP-sharded model: its DTensor shards
-        stay), return cached blocks to the device."""
+        """Drop the KV cache, batched and parked (every rank alike: no op is broadcast), move the weights to the
+        host (not for a TP-sharded model: its DTensor shards stay), return cached blocks to the device."""
         self.cache = None
+        self.rows, self.lens = [], []
         self.parked.clear()
+        self._seqs.clear()
         if self.tp_group is None and self.device.type != "cpu":
             self.model.to("cpu")
             self._offloaded = True

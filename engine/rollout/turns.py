@@ -212,9 +212,16 @@ class TurnEngine:
             cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
 
     def offload(self) -> None:
-        """Give the device memory to a colocated trainer (the backend's `offload`); `reload` undoes it."""
-        assert self.idle and not self.runner.rows, "offload() with requests in flight; drain the engine first"
+        """Give the device memory to a colocated trainer (the backend's `offload`); `reload` undoes it.
+
+        A time-shared hybrid rank trains with requests in flight: they lose their KV, the running ones
+        rejoin first after the reload (re-prefilled, as after a KV-recomputing weight update) and the
+        ones waiting on a tool re-prefill their whole context when it returns."""
+        running = list(self.runner.rows) if self.runner.is_leader else []  # a TP follower only drops its KV
         self.runner.offload()
+        for rid in reversed(running):
+            self.seqs[rid].phase = Phase.READY
+            self.ready.appendleft(rid)
 
     def reload(self) -> None:
         self.runner.reload()

@@ -248,7 +248,9 @@ class VllmRunner:
         return self._offloaded
 
     def offload(self) -> None:
-        """On CUDA/NPU vLLM sleeps (weights and KV leave the device); on CPU there is nothing to give back."""
+        """On CUDA/NPU vLLM sleeps (weights and KV leave the device); on CPU there is nothing to give back.
+        Running turns end first (a time-shared hybrid rank trains with requests in flight)."""
+        self.drop(list(self.rows))
         self.parked.clear()
         if self.device_type != "cpu":
             self.llm.sleep(level=1)

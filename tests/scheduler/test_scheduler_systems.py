@@ -11,7 +11,7 @@ from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, lookahead_of, make_planner, make_router
 
-NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-no-planner",
+NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-hybrid", "libra-no-planner",
          "libra-no-realloc",
          "libra-no-cmlfq", "libra-homogeneous"]
 CM = get_cost_model("cpu", "tiny")
@@ -86,8 +86,11 @@ def test_make_planner_only_for_planned_systems():
 def test_lookahead_is_the_staleness_bound_exactly_when_rollout_overlaps_training():
     for name in NAMES:
         spec = SYSTEMS[name]
-        assert lookahead_of(name, 3) == (3 if spec.async_pipeline and not spec.colocated else 0), name
-        assert lookahead_of(name, 3, colocated=True) == 0  # a colocated layout cannot overlap the stages
+        hybrid = spec.colocated and spec.async_pipeline
+        assert lookahead_of(name, 3) == (3 if spec.async_pipeline else 0), name
+        # only a time-shared system overlaps the stages on a colocated layout (it pauses generation to train)
+        assert lookahead_of(name, 3, colocated=True) == (3 if hybrid else 0), name
     assert lookahead_of("colocate", 2) == 0 and lookahead_of("libra", 2) == 2 and lookahead_of("fully-async", 4) == 4
+    assert lookahead_of("libra-hybrid", 1) == 1 and SYSTEMS["libra-hybrid"].colocated
     # the planner's step model and the simulator are told the same number
     assert make_planner("libra", 8, CM, 100, PlannerConfig(), max_staleness=2).lookahead == lookahead_of("libra", 2)

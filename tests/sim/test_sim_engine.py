@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from scheduler.api import Decision, OutcomeState, PlanDecision, Route
-from scheduler.layout import Bucket, split_role_map
+from scheduler.layout import Bucket, colocated_role_map, split_role_map
 from scheduler.routers import LeastLoadRouter
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
@@ -175,6 +175,20 @@ def test_synchronous_steps_do_not_overlap():
     rows = _sim([_spec()], steps=2, lookahead=0).run()
     # each step: 1.405 rollout + 2.0 train + 0.5 sync; the second starts when the first ends
     assert [r["time_s"] for r in rows] == pytest.approx([3.905, 7.81])
+
+
+def test_a_time_shared_layout_pauses_generation_while_its_ranks_train():
+    """libra-hybrid: colocated ranks one step ahead. Step 2 is admitted when step 0 ends (4.01); its instance
+    waits out step 1's training (2.0) and sync (0.5), re-prefills the KV the trainer took (0.1: an
+    accelerator), then prefill 0.1 + 10 iters 0.1 -> tool 1.0 -> prefill 0.005 + 20 iters 0.2."""
+    cfg = SimConfig(num_devices=2, steps=3, prompts_per_step=1, samples_per_prompt=1, max_staleness=1)
+    sim = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec()]), router=FakeRouter(), planner=None,
+                     role_map=colocated_role_map(world_size=2, tp=1), lookahead=1, ctx_quantum=1, record=True)
+    rows = sim.run()
+    done = {r.spec.request_id: (r.admitted_at, r.finished_at) for r in sim.admitted}
+    assert done["s1-a"][0] == 0.0  # admitted with step 0: one step ahead on the same ranks
+    assert done["s2-a"] == pytest.approx((4.01, 4.01 + 2.0 + 0.5 + 0.1 + 0.1 + 0.1 + 1.0 + 0.005 + 0.2))
+    assert max(r["staleness_max"] for r in rows) == 1
 
 
 def test_same_inputs_same_metrics():

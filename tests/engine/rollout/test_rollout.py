@@ -182,6 +182,31 @@ def test_an_update_recomputes_in_flight_kv_only_when_asked(recompute):
     assert (gap < 1e-4) == recompute, gap
 
 
+def test_a_hybrid_rank_that_trains_mid_turn_resumes_on_the_new_weights():
+    """libra-hybrid: a rank offloads its rollout with a request mid-turn, trains,
+    reloads with the new weights and resumes: both finish, and every token after the update is the new
+    model's, teacher-forced (its KV was dropped with the offload and re-prefilled on the new weights)."""
+    model, tok = build_tiny(0)
+    new, _ = build_tiny(1)
+    eng = RolloutEngine(model, tok, RolloutConfig(temperature=0.0, max_new_tokens_per_turn=30, max_total_tokens=400),
+                        device="cpu")
+    eng.add(RolloutRequest("w", task_for(0), FakeEpisode(), render_prompt(tok, task_for(0).messages, ()), "g"))
+    for _ in range(10):
+        eng.step()
+    assert eng.runner.rows == ["w"]
+    eng.offload()  # the trainer takes the rank: the running turn loses its KV
+    assert eng.runner.rows == [] and eng.runner.cache is None and not eng.idle
+    eng.reload()
+    eng.set_weights(dict(new.state_dict()), 7)
+    traj = run(eng, [])[0]["w"]
+    assert traj.policy_versions == [0, 7] and traj.num_model_tokens == 30
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(new(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0, :-1], -1)
+    after = [i for i in range(traj.prompt_len, traj.num_tokens) if traj.versions[i] == 7]
+    assert after and max(abs(logp[i - 1, traj.token_ids[i]].item() - traj.logprobs[i]) for i in after) < 1e-4
+
+
 @pytest.mark.parametrize(
     "kw, msg",
     [

@@ -27,7 +27,8 @@ SMALL = ["--model", "tiny", "--device", "cpu", "--nproc", "4", "--step.prompts-p
          "--step.samples-per-prompt", "2", "--rollout.max-new-tokens-per-turn", "12", "--rollout.max-turns", "2",
          "--rollout.progress-every-tokens", "4", "--num-tasks", "8"]
 REAL_SYSTEMS = [name for name, spec in SYSTEMS.items() if not spec.sim_only]
-PEERS = ("verl-async", "fully-async", "partial-rollout", "libra-partial")  # parts of the others, or batched by finish order
+# parts of the others, or batched by finish order
+PEERS = ("verl-async", "fully-async", "partial-rollout", "libra-partial", "libra-hybrid")
 
 
 def run_libra(tmp_path: Path, *args: str) -> tuple[dict, list[dict]]:
@@ -35,6 +36,16 @@ def run_libra(tmp_path: Path, *args: str) -> tuple[dict, list[dict]]:
     rc = libra.main([*SMALL, "--out", str(out), *args])
     assert rc == 0, f"libra exited {rc}"
     return json.loads((out / "summary.json").read_text()), read_metrics(out)
+
+
+def test_a_hybrid_run_trains_and_generates_on_the_same_ranks_one_step_ahead(tmp_path):
+    """libra-hybrid: every rank trains and hosts a rollout instance; the next step's trajectories are
+    generated while a batch trains (lag 1, some spanning the update), never more than the bound."""
+    summary, metrics = run_libra(tmp_path, "--bench", "math", "--system", "libra-hybrid", "--steps", "4")
+    check_outputs(summary, metrics, 4)
+    assert all(row["role_map"]["trainer"] == 4 and row["role_map"]["rollout"] == 4 for row in metrics)  # colocated
+    assert all(row["staleness_max"] <= 1 for row in metrics)
+    assert sum(row.get("trajectories_at_lag/1", 0) for row in metrics) >= 4  # step 2 was generated during step 1
 
 
 def check_outputs(summary: dict, metrics: list[dict], steps: int) -> None:
