@@ -17,7 +17,9 @@ trainer counts libra's planner moved through.
   runs with their configurations. This is the fair comparison; the defaults (TP1 everywhere) are
   kept only to show what tuning is worth.
   `l/best*` is libra over the fastest of all tuned baselines; `libra-partial/...` is libra with
-  partial-rollout's finish-order batches (the tail no longer holds a step's batch).
+  partial-rollout's finish-order batches (the tail no longer holds a step's batch); `hybrid*/best*`
+  and `hybrid_tt/best*` are libra's time-shared hybrid layout (`libra-hybrid`, tuned over its TP as
+  the peers are) over the fastest peer, in throughput and in time to the reward target.
 Time to the reward target is printed beside throughput for libra and every peer (its default,
 its fastest configuration and its configuration first to the target): `tt/X*` = X's best time to
 the target over libra's (> 1: libra gets there first). The reward is a model (`sim/reward.py`):
@@ -42,6 +44,8 @@ from pathlib import Path
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
 from scheduler import systems as sysmod
 from sim.baselines import TUNED, time_to_target, tune
+
+HYBRID = "libra-hybrid"  # libra's time-shared layout: tuned like the peers until libra's planner chooses it
 from sim.run import compare, format_table, play_system, static_splits
 
 BASELINES = ("colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq")
@@ -87,6 +91,17 @@ def _ratio(peer_s: float, libra_s: float) -> float:
     if libra_s == float("inf"):
         return float("nan")
     return peer_s / libra_s
+
+
+def hybrid_headline(own: dict, tuned: dict) -> dict[str, float]:
+    """libra-hybrid at its best TP over the fastest tuned peer: throughput (`hybrid*/best*`) and the best
+    peer's time to the target over its own (`hybrid_tt/best*`, > 1: libra-hybrid first)."""
+    if HYBRID not in own or not tuned:
+        return {}
+    t = own[HYBRID]
+    best = max(p.best["tokens_per_s"] for p in tuned.values())
+    first = min(time_to_target(p.to_target or p.best) for p in tuned.values())
+    return {"hybrid*/best*": t.best["tokens_per_s"] / best, "hybrid_tt/best*": _ratio(first, time_to_target(t.to_target or t.best))}
 
 
 def planner_moves(result: dict) -> str:
@@ -219,20 +234,24 @@ def main() -> None:
         tuned = {}
         if args.tune:
             tuned = {name: tune(cfg, name) for name in TUNED if name in result["systems"]}
-            matched = print_tuned(cfg, result, tuned)
-            result["tuned"] = tuned_record(tuned)
+            own = {HYBRID: tune(cfg, HYBRID)} if HYBRID in result["systems"] else {}
+            matched = print_tuned(cfg, result, {**tuned, **own})
+            result["tuned"] = tuned_record({**tuned, **own})
             (out / "compare.json").write_text(json.dumps(result, indent=2))
         print(f"({preset}/{cfg.bench} seed {cfg.seed}: {time.perf_counter() - t0:.1f} s on this host)\n")
         if "libra" in result["systems"]:
             h = headline(result, best, tuned)
             if args.tune:
                 h.update(matched)
+                h.update(hybrid_headline(own, tuned))
             rows.append((preset, cfg.bench, h, planner_moves(result)))
     if rows and (args.all or args.scenarios or args.seeds > 1):
         print_summary(rows, args.seeds, paper_line=args.all)
     print(f"wrote {root}/")
     if args.tune and rows:
         print(f"libra_vs_best_baseline: {worst_mean(rows, 'libra/best*'):.2f}")
+        if any("hybrid_tt/best*" in h for _, _, h, _ in rows):
+            print(f"libra_hybrid_time_to_target_vs_best: {worst_mean(rows, 'hybrid_tt/best*'):.2f}")
         print(f"libra_time_to_target_vs_best: {worst_mean(rows, 'tt/best*'):.2f}")
         return
     ratio = result["systems"].get("libra", {}).get("vs_colocate")
