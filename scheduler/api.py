@@ -84,6 +84,9 @@ class StepStats:
     decode_tokens: tuple[int, ...] = ()  # model-generated tokens of each finished trajectory; () = unknown
     signal_tokens: tuple[int, ...] = ()  # tokens of each when its first tool result came back (its total if none); () = unknown
     reconfig_s: float = 0.0  # measured cost of the role-map change paid before this step (0: none)
+    # tokens so far of each trajectory still running at the step's end (finish-order batches: the long ones a
+    # batch leaves behind); lower bounds of lengths the finished sample would otherwise miss (Workload.from_stats)
+    censored_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,8 @@ Algorithm:
    and the planner's `StepStats`, and asks the planner for a new layout.
    `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
    groups to finish, as many as a step admits, from whichever admitted steps they come; a
-   long group waits for a later batch instead of holding this one. Its staleness is bounded at
+   long group waits for a later batch instead of holding this one; the planner's stats carry the
+   running trajectories' lengths so far (`censored_tokens`). Its staleness is bounded at
    admission, as AReaL bounds it (at most `lookahead` steps ahead of the trainer), not by dropping:
    a group that outlives several updates is trained, and the row reports its lag.
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
@@ -73,6 +74,7 @@ class Request:
     instance_id: int
     migrating: bool = False
     target: int | None = None  # where the router's last migration decision sends it
+    tokens: int = 0  # its tokens so far, as its last event said
 
 
 @dataclass
@@ -168,12 +170,16 @@ class StepCore:
     # ---- rollout events ------------------------------------------------------------------------
     def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Export | None:
         req = self.requests.get(request_id)
+        if req is not None:
+            req.tokens = tokens_so_far
         if req is None or req.migrating:
             return None
         return self._maybe_export(req, self.router.on_tool_return(request_id, outcome, tokens_so_far, now))
 
     def on_decode(self, request_id: str, tokens_so_far: int, now: float) -> Export | None:
         req = self.requests.get(request_id)
+        if req is not None:
+            req.tokens = tokens_so_far
         if req is None or req.migrating:
             return None
         return self._maybe_export(req, self.router.on_decode(request_id, tokens_so_far, now))
@@ -314,7 +320,7 @@ class StepCore:
                           signal_tokens=tuple(f.signal_tokens for f in fins) if all(f.signal_tokens for f in fins) else (),
                           tool_latency_s=tuple(x for f in fins for x in f.tool_latency_s),
                           train_tokens=self._train_tokens if self._train_tokens is not None else row.tokens,
-                          role_map=self.role_map, reconfig_s=row.reconfig_s)
+                          role_map=self.role_map, reconfig_s=row.reconfig_s, censored_tokens=self._censored())
         self.trained += 1
         self._last_step_end = now
         self._reconfig_s = 0.0
@@ -324,6 +330,13 @@ class StepCore:
         if due:
             self._checkpoint_s = now
         return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due)
+
+    def _censored(self) -> tuple[int, ...]:
+        """Finish-order batches are a length-biased sample (the first groups to finish): the running
+        trajectories' lengths so far go to the planner as lower bounds. A step batch is a complete sample."""
+        if not self.cfg.batch_by_finish:
+            return ()
+        return tuple(r.tokens for r in self.requests.values() if r.tokens > 0)
 
     def _row(self, st: Step, fins: list[Finished], now: float, sync_s: float) -> MetricsRow:
         rewards = [f.reward for f in fins if f.reward is not None]

@@ -141,6 +141,22 @@ def test_each_row_carries_the_planners_forecast_made_before_its_step():
                                                              "planner_measured_step_s": 8.0, "planner_forecast_error": 0.25}
 
 
+def test_a_finish_order_step_tells_the_planner_how_far_its_running_trajectories_got():
+    planner = FakePlanner()
+    c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), planner,
+                 layout())
+    c.start(0.0)
+    admit(c, n=2)
+    admit(c, n=2)
+    c.on_decode("s1-0", 700, 1.0)  # a long one of step 1, still running
+    finish(c, "s0-0", 2.0)
+    finish(c, "s0-1", 2.0)
+    c.take_batch(2.0)
+    c.on_trained(train_s=1.0)
+    c.end_step(3.0, sync_s=0.0)
+    assert planner.stats[0].trajectory_tokens == (50, 50) and planner.stats[0].censored_tokens == (700,)
+
+
 def test_the_row_counts_why_each_reward_is_what_it_is():
     c = make_core()
     admit(c, n=3)
