@@ -3,7 +3,8 @@
 `python -m bench.faults [--only NAME,...]` runs the tiny model on the search bench (static system, 4
 workers, a checkpoint every 3 steps) once per fault, and prints one row each: exit code, seconds from
 the fault to the exit, processes of the run left alive, the newest complete checkpoint, and the
-outcome of `--resume` to 8 steps (its exit code and the steps in its summary). Faults: SIGINT,
+outcome of `--resume` to 8 steps (its exit code and the steps in its summary); last line
+`faults_resumed: K/N`. Faults: SIGINT,
 SIGTERM and SIGHUP to the launcher, SIGTERM to every process (systemd, Slurm), SIGKILL of the
 coordinator, a rollout rank and a trainer rank, SIGSTOP of a rollout rank for 8 s (then SIGCONT),
 SIGSTOP of a trainer past `--launch.rank-timeout-s 6`, a full disk (the run directory on a 3 MB
@@ -200,6 +201,8 @@ def main() -> None:
                   f"ckpt {r['checkpoint']:<12} resume: {r['resume']}\n{'':<26} said: {r['said']}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    resumed = sum(r["resume"].startswith("rc 0") for r in rows)
+    print(f"faults_resumed: {resumed}/{len(rows)}")  # faults after which --resume ran the run to its end
 
 
 if __name__ == "__main__":

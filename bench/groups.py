@@ -1,6 +1,6 @@
 """Benchmark: role-map rebuild time on 8 gloo ranks, and weight transfer against a raw broadcast.
 
-    python -m bench.groups [--ranks 8] [--rebuilds 20] [--mb 64] [--repeats 5]
+    python -m bench.groups [--ranks 8] [--rebuilds 20] [--mb 64] [--repeats 9]
 
 Both measurements run in the same job, on the same ranks, so their ratio is meaningful on a
 noisy machine. The transfer sends a model-like state dict (many tensors, ~`--mb` MiB fp32) from
