@@ -1,6 +1,6 @@
 """Convergence for real: train to a reward target with each system, several seeds, same tasks.
 
-    python -m bench.convergence [--systems libra,colocate,static,verl-async,fully-async,partial-rollout]
+    python -m bench.convergence [--systems libra,colocate,static,verl-async,fully-async,partial-rollout,libra-hybrid]
                                 [--seeds 3] [--steps 40] [--target 0.8] [--out runs/convergence]
                                 [--profile FILE | --no-profile] [--model tiny|smollm2] [--lr LR]
     python -m bench.convergence --lags 0,1,2,4 [--objectives decoupled,bypass,recompute] [--model ...] [--seeds N]
@@ -36,7 +36,7 @@ from bench import staleness
 from bench.staleness import mean_range_cell
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout")
+SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "libra-hybrid")
 RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--device", "cpu", "--nproc", "4",
             "--step.prompts-per-step", "4", "--step.samples-per-prompt", "8", "--rollout.max-new-tokens-per-turn", "8",
             "--rollout.max-turns", "1")
