@@ -26,6 +26,7 @@ class CoreConfig:
     lookahead: int  # steps admitted ahead of the trainer (0: synchronous, e.g. colocate)
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
     checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
+    checkpoint_first: bool = False  # also right after the first step this run trains (a stop then never loses it all)
     batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
 
     def __post_init__(self) -> None:

@@ -126,6 +126,7 @@ class StepCore:
         self._train_tokens: int | None = None
         self._last_step_end = state.wall_s if state else 0.0  # the caller's clock continues a resumed run's
         self._checkpoint_s = self._last_step_end
+        self._first_step = self.trained + 1  # the first step this run (or this resume) trains
         self._reconfig_s = 0.0  # paid since the last step ended; reported in the next row
         # finish-order batching (fully async): complete groups in the order they completed, the
         # members each group still waits for, and the batch in training as a step of its own
@@ -326,7 +327,8 @@ class StepCore:
         self._reconfig_s = 0.0
         plan = self.planner.on_step_end(stats, now) if self.planner is not None and not self.done else None
         every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
-        due = not self.done and (bool(every) and self.trained % every == 0 or bool(every_s) and now - self._checkpoint_s >= every_s)
+        due = not self.done and (bool(every) and self.trained % every == 0 or bool(every_s) and now - self._checkpoint_s >= every_s
+                                 or self.cfg.checkpoint_first and self.trained == self._first_step)
         if due:
             self._checkpoint_s = now
         return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due)

@@ -26,7 +26,10 @@ Algorithm:
      once (a training step first finishes) the way its end does: in-flight work cancelled, a
      checkpoint of the last trained step, the trace and the summary (`stopped_by`). The trace is also rewritten
      every `TRACE_EVERY_S`, so a killed run keeps one; a resumed run continues the clock, trace,
-     ledger and output files of the checkpoint it starts from.
+     ledger and output files of the checkpoint it starts from. So that a stop never loses the run,
+     the first step this run trains is checkpointed at once, and the coordinator publishes to the
+     launcher what a stop needs (the last step's training, sync and checkpoint, measured) and the
+     newest checkpoint's step, which the launcher says before it kills on a second signal.
 
 Invariants (tests/engine/runtime/test_coordinator.py, tests/engine/runtime/test_e2e.py): every started trajectory is
 trained exactly once or dropped with a reason; the task ids trained follow the deterministic
@@ -46,7 +49,7 @@ from pathlib import Path
 from engine.runtime import checkpoint
 from engine.runtime import protocol as msg
 from engine.runtime.groups import GroupManager
-from engine.runtime.launch import RankContext, stop_requested
+from engine.runtime.launch import CHECKPOINT_KEY, FIRST_STEP_NEEDS_S, STOP_NEEDS_KEY, RankContext, stop_requested
 from engine.runtime.protocol import WORKER_OFFSET, to_global
 from engine.rollout.api import Finished, Progress, ToolReturned
 from engine.trajectory import Trajectory
@@ -67,7 +70,8 @@ def core_config(cfg, spec) -> commands.CoreConfig:
     return commands.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
                            lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
                            checkpoint_every=cfg.step.checkpoint_every,
-                           checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish)
+                           checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish,
+                           checkpoint_first=True)
 
 
 def finished_of(traj: Trajectory) -> commands.Finished:
@@ -105,6 +109,8 @@ class Coordinator:
         self.t0 = time.monotonic()
         self.t_offset = resume.wall_s if resume else 0.0  # a resumed run's clock goes on from its checkpoint
         self._trace_t = 0.0
+        self._step_s: float | None = None  # the last step's training and sync, as measured
+        self._save_s: float | None = None  # the last checkpoint's save, as measured
         self._progress_t = self._stall_t = time.monotonic()
 
     @property
@@ -314,6 +320,7 @@ class Coordinator:
         t_train = self.now()
         sync_s = 0.0
         if batch.payloads:
+            self._publish(STOP_NEEDS_KEY, self._stop_needs_s())  # a stop from here on waits for this step
             self.send_workers(msg.Train(batch.step, list(batch.payloads), batch.policy_version), self.role_map.trainer_ranks)
             trained, = self.wait_for(msg.Trained, 1, f"the trainer to finish step {batch.step}")
             # the trainer reports whether it stepped (it skips a step with no signal, or a non-finite one)
@@ -321,6 +328,7 @@ class Coordinator:
                                  metrics=trained.metrics)
             sync_s = self.sync_weights()
         end = self.core.end_step(self.now(), sync_s=sync_s)
+        self._step_s = end.row.train_s + sync_s
         self._write_step(end, batch, t_train)
         if end.plan is not None:
             log.info("[libra] planner: %s -> %s (%s)", self.role_map.describe(), end.plan.role_map.describe(), end.plan.reason)
@@ -397,12 +405,27 @@ class Coordinator:
         """A checkpoint of the last trained step; one that cannot be written (a full disk) is reported and
         training goes on: the newest complete checkpoint stays what `--resume` uses."""
         self.writer.trace()  # the trace up to the checkpoint survives a kill, and a resume continues it
+        t0, state = time.monotonic(), self.core.state()
         try:
-            return checkpoint.save(self.out, self.core.state(), self.save_trainer, keep=self.cfg.step.keep_checkpoints)
+            path = checkpoint.save(self.out, state, self.save_trainer, keep=self.cfg.step.keep_checkpoints)
+            self._save_s = time.monotonic() - t0
+            self._publish(CHECKPOINT_KEY, state.step)
+            self._publish(STOP_NEEDS_KEY, self._stop_needs_s())
+            return path
         except OSError as exc:
             log.error("[libra] could not write the checkpoint of step %d (%s); --resume would use %s; training goes on",
                       self.core.trained, exc, checkpoint.latest(self.out) or "no checkpoint (none is complete)")
             return None
+
+    def _stop_needs_s(self) -> float:
+        """What a stop needs to finish the step in progress and checkpoint it, twice over as measured (the
+        launcher waits that long: `engine.runtime.launch.stop_grace`); the first step is not measured yet."""
+        if self._step_s is None:
+            return FIRST_STEP_NEEDS_S
+        return 2.0 * (self._step_s + (self._save_s or self._step_s)) + 5.0
+
+    def _publish(self, key: str, value) -> None:
+        self.ctx.store.set(key, str(value))
 
     # ---- end of run -------------------------------------------------------------------------------------
     def shutdown(self) -> dict:

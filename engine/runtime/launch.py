@@ -17,8 +17,11 @@ Stop signals (Ctrl-C's SIGINT, SIGTERM, SIGHUP) stop a run gracefully, whoever g
 coordinator (rank 0) takes one as a stop request (`stop_requested()`: it ends the run at once, a
 training step first finishing, with a checkpoint of the last trained step, the trace and the
 summary), workers ignore them (the coordinator
-stops them), and the launcher forwards its own to the coordinator, waits up to `stop_grace_s` for
-every rank to finish, then kills them all (at once on a second signal). The exception it raised
+stops them), and the launcher forwards its own to the coordinator, waits for every rank to finish,
+then kills them all (at once on a second signal, saying what that loses). It waits `stop_grace_s`
+or what the coordinator published it needs to finish the step in progress and checkpoint it
+(`STOP_NEEDS_KEY`: measured from the last step and checkpoint; `FIRST_STEP_NEEDS_S` while the first
+step has not been measured), whichever is longer. The exception it raised
 carries the results (`.results`, None when the ranks did not finish in time). So `kill PID`, a
 signal to the whole process group (a closed terminal, `kill -TERM -PGID`) or to every process
 (systemd, Slurm) all end the same way. The forkserver shares the launcher's process group and its
@@ -62,6 +65,9 @@ PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.qw
            "engine.models", "engine.rollout.engine", "engine.trainer.trainer", "engine.rollout.tp", "engine.runtime.worker", "engine.runtime.coordinator",
            "envs.registry", "engine.runtime.forkserver_signals"]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_NEEDS_KEY = "libra/stop_needs_s"  # the coordinator: seconds the ranks need to finish the step in progress and checkpoint it
+CHECKPOINT_KEY = "libra/checkpoint_step"  # the coordinator: the step of the newest complete checkpoint
+FIRST_STEP_NEEDS_S = 600.0  # a stop before the first step is measured waits this long at most for it (a second signal: at once)
 
 
 class WorkerFailed(RuntimeError):
@@ -193,7 +199,7 @@ def spawn(
         try:
             return _wait(procs, out_q, observer)
         except KeyboardInterrupt as stop:  # Ctrl-C, or libra.py's handler for SIGTERM/SIGHUP
-            stop.results = _stop_gracefully(procs, out_q, observer, stop, stop_grace_s)
+            stop.results = _stop_gracefully(procs, out_q, observer, stop, stop_grace_s, store)
             raise
     finally:
         _kill_all(procs)
@@ -201,20 +207,46 @@ def spawn(
         del store
 
 
-def _stop_gracefully(procs, out_q, observer: Mailbox, stop: KeyboardInterrupt, grace_s: float) -> list[Any] | None:
-    """Forward the launcher's stop signal to the coordinator and wait up to `grace_s` for every rank's
-    result; None when they do not all finish in time, a rank fails, or a second signal comes."""
+def published(store, key: str) -> str | None:
+    """A value a rank published in the launcher's store, or None (not yet, or the store is gone)."""
+    try:
+        return store.get(key).decode() if store.check([key]) else None
+    except RuntimeError:
+        return None
+
+
+def stop_grace(configured_s: float, needs: str | None) -> float:
+    """Seconds a stop waits for the ranks: the configured grace, or what the coordinator said it needs to finish
+    the step in progress and checkpoint it, whichever is longer; 0 (no grace asked) kills at once."""
+    if configured_s <= 0:
+        return 0.0
+    return max(configured_s, float(needs) if needs is not None else 0.0)
+
+
+def loss_note(checkpoint_step: str | None) -> str:
+    """What killing the ranks now loses, in words."""
+    if checkpoint_step is None:
+        return "no checkpoint was written yet, so a rerun starts from step 0"
+    return f"`--resume` continues from the checkpoint of step {checkpoint_step}; what trained after it is lost"
+
+
+def _stop_gracefully(procs, out_q, observer: Mailbox, stop: KeyboardInterrupt, grace_s: float, store) -> list[Any] | None:
+    """Forward the launcher's stop signal to the coordinator and wait for every rank's result (`stop_grace`);
+    None when they do not all finish in time, a rank fails, or a second signal comes."""
     signum = getattr(stop, "signum", signal.SIGINT)
     if grace_s <= 0 or not procs or procs[0].exitcode is not None:
         return None
-    log.warning("libra: %s: stopping; the ranks get %.0f s to checkpoint the last trained step and write the trace "
-                "and the summary (send it again to kill them now)", signal.Signals(signum).name, grace_s)
+    grace_s = stop_grace(grace_s, published(store, STOP_NEEDS_KEY))
+    log.warning("libra: %s: stopping; the ranks get up to %.0f s to finish the step in progress, checkpoint it and "
+                "write the trace and the summary (send it again to kill them now: %s)", signal.Signals(signum).name,
+                grace_s, loss_note(published(store, CHECKPOINT_KEY)))
     try:
         os.kill(procs[0].pid, signum)
         return _wait(procs, out_q, observer, deadline=time.monotonic() + grace_s)
     except (KeyboardInterrupt, TimeoutError, WorkerFailed, ProcessLookupError) as exc:
-        log.warning("libra: the ranks did not finish the stop (%s); killing them",
-                    "a second signal" if isinstance(exc, KeyboardInterrupt) else exc or type(exc).__name__)
+        log.warning("libra: the ranks did not finish the stop (%s); killing them: %s",
+                    "a second signal" if isinstance(exc, KeyboardInterrupt) else exc or type(exc).__name__,
+                    loss_note(published(store, CHECKPOINT_KEY)))
         return None
 
 

@@ -157,6 +157,22 @@ def test_a_finish_order_step_tells_the_planner_how_far_its_running_trajectories_
     assert planner.stats[0].trajectory_tokens == (50, 50) and planner.stats[0].censored_tokens == (700,)
 
 
+def test_the_first_step_a_run_trains_is_checkpointed_also_after_a_resume():
+    for state in (None, RunState(step=5, policy_version=5, role_map=layout(), prefix_tree=None, ledger={})):
+        c = StepCore(CoreConfig(num_steps=9, max_staleness=1, lookahead=0, checkpoint_first=True), FakeRouter(), None,
+                     layout(), state=state)
+        c.start(0.0)
+        due = []
+        for s in range(2):
+            admit(c)
+            for i in range(2):
+                finish(c, f"s{c.trained}-{i}", 1.0 + s, version=c.version)
+            c.take_batch(1.0 + s)
+            c.on_trained(train_s=0.1)
+            due.append(c.end_step(1.5 + s, sync_s=0.0).checkpoint)
+        assert due == [True, False]
+
+
 def test_the_row_counts_why_each_reward_is_what_it_is():
     c = make_core()
     admit(c, n=3)

@@ -283,3 +283,25 @@ def test_a_stop_signal_checkpoints_the_last_step_and_ends_cleanly(tmp_path, sig,
     assert json.loads((out / "trace.json").read_text())["traceEvents"]
     time.sleep(1.0)
     assert _survivors(pids) == []
+
+
+@pytest.mark.slow
+def test_a_stop_whose_grace_is_shorter_than_a_step_still_checkpoints_and_resumes(tmp_path):
+    """A default SmolLM2 step on 2 cores outlasts the 20 s grace: the launcher waits what the coordinator
+    measured the step and its checkpoint need instead (here the grace is 0.01 s), and says what a second
+    signal would lose."""
+    out = tmp_path / "run"
+    proc = _spawn(out, "--steps", "200", "--system", "static", "--launch.stop-grace-s", "0.01")
+    _wait_until(lambda: _metric_rows(out) >= 2, 240, proc)
+    os.kill(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=120)
+    text = proc.stdout.read()
+    assert rc == 130, text[-2000:]
+    assert "the ranks get up to" in text and "`--resume` continues from the checkpoint of step" in text, text[-2000:]
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert (out / "ckpt" / f"step-{steps:06d}" / "COMPLETE").is_file()
+    resumed = subprocess.run([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search", "--system", "static",
+                              "--steps", str(steps + 2), "--resume", str(out)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == steps + 2

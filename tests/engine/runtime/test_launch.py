@@ -6,7 +6,7 @@ import psutil
 import pytest
 
 from engine.devices import DeviceInfo
-from engine.runtime.launch import WorkerFailed, spawn
+from engine.runtime.launch import WorkerFailed, loss_note, spawn, stop_grace
 
 CPU = DeviceInfo("cpu", 2)
 
@@ -54,3 +54,15 @@ def _die_hard(ctx):
 def test_killed_worker_is_detected():
     with pytest.raises(WorkerFailed, match=r"rank 1 .*exited with code -9"):
         spawn(_die_hard, 2, device_info=CPU, timeout_s=30)
+
+
+def test_a_stop_waits_the_longer_of_the_grace_and_what_the_coordinator_measured_it_needs():
+    assert stop_grace(20.0, None) == 20.0  # nothing measured yet: the configured grace
+    assert stop_grace(20.0, "95.5") == 95.5  # a step and its checkpoint take longer than the grace
+    assert stop_grace(20.0, "7") == 20.0
+    assert stop_grace(0.0, "95.5") == 0.0  # no grace asked for: kill at once
+
+
+def test_a_kill_says_what_it_loses():
+    assert loss_note(None) == "no checkpoint was written yet, so a rerun starts from step 0"
+    assert loss_note("3") == "`--resume` continues from the checkpoint of step 3; what trained after it is lost"
