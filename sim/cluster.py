@@ -302,10 +302,14 @@ class ClusterSim:
         return self._time_shared() and not self.cost.shared_cores
 
     def _drop_parked_kv(self) -> None:
-        """Requests waiting on a tool lose their parked KV to the trainer: they rejoin with their whole context."""
+        """Requests out of a batch (waiting on a tool, or queued to rejoin) lose their parked KV to the trainer:
+        they rejoin with their whole context. The running ones re-prefill at the sync (`_on_train_done`)."""
         if self._drops_kv():
             for req in self.reqs.values():
                 if req.finished_at < 0 and req.tool_until > self.now:
+                    req.need_prefill = req.context
+            for inst in self.instances.values():
+                for req in inst.queue:
                     req.need_prefill = req.context
 
     def _on_train_done(self, dur: float, tokens: int, stepped: bool) -> None:
