@@ -138,7 +138,7 @@ def from_libra_config(cfg, given=()) -> SimConfig:
     refused = sorted(k for k in given if k not in SIM_ENTRY_FLAGS and k not in SIM_FLAGS and k.split(".")[0] not in SIM_SECTIONS)
     if refused:
         takes = sorted(_flag(k) for k in (*SIM_ENTRY_FLAGS, *SIM_FLAGS)) + [f"--{s}.*" for s in SIM_SECTIONS]
-        raise ValueError(f"--sim: {', '.join(_flag(k) for k in refused)} mean(s) nothing in the simulator (it plays a "
+        raise ValueError(f"--sim: {', '.join(_flag(k) for k in refused)} {'means' if len(refused) == 1 else 'mean'} nothing in the simulator (it plays a "
                          f"modelled cluster: no trainer, launcher, env or local device); drop them. It takes {', '.join(takes)}")
     value = {k: functools.reduce(getattr, k.split("."), cfg) for k in given if k.split(".")[0] != "run" or k in SIM_FLAGS}
     kw = {SIM_FLAGS[k]: v for k, v in value.items() if k in SIM_FLAGS}

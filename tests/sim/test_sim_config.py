@@ -91,9 +91,9 @@ def test_sim_flags_reach_the_simulated_run():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--trainer.lr", "1e-5", "--launch.timeout-s", "5"], "--sim: --launch.timeout-s, --trainer.lr mean(s) nothing in the simulator"),
-    (["--device", "cuda"], "--sim: --device mean(s) nothing in the simulator"),
-    (["--rollout.temperature", "0.5"], "--sim: --rollout.temperature mean(s) nothing"),
+    (["--trainer.lr", "1e-5", "--launch.timeout-s", "5"], "--sim: --launch.timeout-s, --trainer.lr mean nothing in the simulator"),
+    (["--device", "cuda"], "--sim: --device means nothing in the simulator"),
+    (["--rollout.temperature", "0.5"], "--sim: --rollout.temperature means nothing"),
     (["--planner.profile", "auto"], "--sim: --planner.profile auto measures this machine"),
     (["--model", "smollm2"], "--sim: SimConfig.model='smollm2' is unknown; pick one of"),
 ])
