@@ -41,12 +41,16 @@ def read_rows(path: str | Path) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: row {i} is not valid JSON ({e}); write one JSON object per line.") from e
+                    raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e.msg} at character {e.pos + 1}); "
+                                     "write one JSON object per line.") from e
         return rows
     raise ValueError(f"data file {path} has suffix {path.suffix!r}; use .parquet or .jsonl.")
 
 
 def _check_row(row: dict, i: int, where: str) -> None:
+    """`i`: the row's 0-based index; messages count rows from 1, as an editor counts a .jsonl file's lines."""
+    i += 1
+
     def missing(field: str) -> ValueError:
         return ValueError(f"{where}: row {i} has no field {field!r}; each row needs prompt (chat messages) and reward_model.ground_truth.")
 

@@ -44,12 +44,12 @@ def test_parquet_and_jsonl_give_the_same_tasks(tmp_path):
 @pytest.mark.parametrize(
     "row, msg",
     [
-        ({"reward_model": {"ground_truth": "x"}}, r"row 1 has no field 'prompt'"),
-        ({"prompt": [{"role": "user", "content": "q"}]}, r"row 1 has no field 'reward_model'"),
-        ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"style": "rule"}}, r"row 1 has no field 'reward_model.ground_truth'"),
-        ({"prompt": "just text", "reward_model": {"ground_truth": "x"}}, r"row 1 field 'prompt' must be a non-empty list"),
-        ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "x"}, "extra_info": [1]}, r"row 1 field 'extra_info' must be an object"),
-        ([1, 2], r"row 1 is a list, not an object"),
+        ({"reward_model": {"ground_truth": "x"}}, r"row 2 has no field 'prompt'"),
+        ({"prompt": [{"role": "user", "content": "q"}]}, r"row 2 has no field 'reward_model'"),
+        ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"style": "rule"}}, r"row 2 has no field 'reward_model.ground_truth'"),
+        ({"prompt": "just text", "reward_model": {"ground_truth": "x"}}, r"row 2 field 'prompt' must be a non-empty list"),
+        ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "x"}, "extra_info": [1]}, r"row 2 field 'extra_info' must be an object"),
+        ([1, 2], r"row 2 is a list, not an object"),
     ],
 )
 def test_missing_or_bad_field_names_row_and_field(tmp_path, row, msg):
@@ -67,5 +67,5 @@ def test_file_errors(tmp_path):
     with pytest.raises(ValueError, match=r"has suffix '.csv'; use .parquet or .jsonl"):
         read_rows(tmp_path / "x.csv")
     (tmp_path / "broken.jsonl").write_text('{"prompt": \n')
-    with pytest.raises(ValueError, match=r"row 0 is not valid JSON"):
+    with pytest.raises(ValueError, match=r"line 1 is not valid JSON \(Expecting value at character 13\)"):
         read_rows(tmp_path / "broken.jsonl")
