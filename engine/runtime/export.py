@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def export_policy(run_dir: Path, to: Path, *, step: int | None = None, dtype: st
                 "policy_version": int(state["policy_version"]), "model": run["model"], "bench": run.get("bench"),
                 "system": run.get("system"), "dtype": dtype}
         (tmp / "libra_export.json").write_text(json.dumps(info, indent=2))
+        _as_if_made_here(tmp)
         if to.exists():
             to.rmdir()  # empty, checked above
         tmp.rename(to)
@@ -104,6 +106,16 @@ def export_policy(run_dir: Path, to: Path, *, step: int | None = None, dtype: st
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("[libra] exported %s (policy v%d) to %s", ckpt, info["policy_version"], to)
     return to
+
+
+def _as_if_made_here(folder: Path) -> None:
+    """The modes a plain mkdir and write would give under this umask: the staging dir came from mkdtemp
+    (0700), so an exported model was readable by its owner only."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for f in folder.rglob("*"):
+        f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)
 
 
 def build_parser() -> argparse.ArgumentParser:

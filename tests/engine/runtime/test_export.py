@@ -5,6 +5,8 @@ GRPO step), so the test knows the trainer's exact weights; one slow test exports
 """
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -68,6 +70,17 @@ def test_exported_weights_equal_the_trainers(trained_run, tmp_path):
     for name, tensor in weights.items():
         assert torch.equal(loaded[name], tensor), name
     assert any(not torch.equal(initial[k], weights[k]) for k in weights), "the step must have changed the weights"
+
+
+def test_the_export_has_the_modes_a_plain_write_gives(trained_run, tmp_path):
+    """Not mkdtemp's 0700: whoever may read a folder the user makes may load the exported model."""
+    mask = os.umask(0o022)
+    try:
+        out = export_policy(trained_run[0], tmp_path / "shared")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {0o644}
 
 
 def test_export_generates_like_the_rollout_engine(trained_run, tmp_path):
