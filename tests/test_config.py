@@ -132,3 +132,21 @@ def test_the_launcher_resolves_tp_degrees_and_cost_model_once_and_rank_0_uses_th
         assert parts.planner.cfg.allowed_tp == (1, 2) and parts.planner.cm is cost
     finally:
         parts.env.close()
+
+
+def test_far_more_cpu_ranks_than_cores_is_a_warning_that_says_the_cost(monkeypatch, caplog):
+    import logging
+
+    from engine.devices import DeviceInfo
+    from engine.runtime import run
+
+    monkeypatch.setattr(run, "detect", lambda _kind: DeviceInfo("cpu", 2))
+    cfg = parse_args(["--bench", "toy", "--model", "tiny", "--device", "cpu", "--nproc", "64"], device_kind_of=lambda d: "cpu")
+    with caplog.at_level(logging.WARNING):
+        run.plan_placement(cfg)
+    assert "--nproc 64 on 2 CPU core(s): 65 processes share them" in caplog.text and "the CPU default is 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run.plan_placement(parse_args(["--bench", "toy", "--model", "tiny", "--device", "cpu", "--nproc", "8"],
+                                      device_kind_of=lambda d: "cpu"))
+    assert "share them" not in caplog.text

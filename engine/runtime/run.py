@@ -100,6 +100,10 @@ def _analytic_cost_model(model: str, device_kind: str):
     return CostModel(HARDWARE[hw], model_spec(model))  # a model outside the tables: its own shape
 
 
+CPU_RANKS_PER_CORE = 4  # more worker ranks than this per core only time-slice the same cores
+RANK_RSS_GB_SMOLLM2 = 0.3  # a SmolLM2 rank's resident set on CPU (64 ranks measured 19.8 GB, issue 33)
+
+
 def plan_placement(cfg) -> tuple[object, DeviceInfo, RoleMap]:
     """(the config with `planner.allowed_tp` resolved to the degrees the model splits at, the device, the
     first role map: a resumed run's from its checkpoint). The ranks get this config and never resolve it again."""
@@ -116,6 +120,10 @@ def plan_placement(cfg) -> tuple[object, DeviceInfo, RoleMap]:
         # weight sync goes over gloo, and a trainer or TP group over a shared device is refused (groups.py)
         log.warning("[libra] --nproc %d on %d %s device(s): ranks share devices; the sync among them uses gloo, "
                     "and training and TP instances need one rank per device", nproc, info.count, info.kind)
+    if info.kind == "cpu" and nproc > CPU_RANKS_PER_CORE * info.count:
+        log.warning("[libra] --nproc %d on %d CPU core(s): %d processes share them (each rank holds its own model, "
+                    "~%.1f GB in all for SmolLM2) and every step slows down; the CPU default is %d", nproc, info.count,
+                    nproc + 1, (nproc + 1) * RANK_RSS_GB_SMOLLM2, info.default_nproc())
     from scheduler.systems import initial_role_map
 
     role_map = initial_role_map(cfg.run.system, nproc, buckets=cfg.buckets, trainer_frac=cfg.launch.trainer_frac,
