@@ -276,7 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n\nexamples:\n  python libra.py --bench swe                      # real run, defaults for this machine"
         "\n  python libra.py --bench swe --plan-only          # print the placement and exit"
         "\n  python libra.py --bench swe --sim --compare      # simulate every system at cluster scale"
-        "\n  python libra.py --bench math --model /ckpt/Qwen3-4B --nproc 8 --steps 50",
+        "\n  python libra.py --bench math --model /ckpt/Qwen3-4B --nproc 8 --steps 50"
+        "\n  python libra.py --resume runs/swe-libra-...      # continue a stopped run from its newest checkpoint"
+        "\n  python libra.py export runs/swe-libra-... --to DIR  # the trained policy as a Hugging Face directory"
+        " (libra.py export --help)",
         argument_default=argparse.SUPPRESS,
     )
     for section in dataclasses.fields(LibraConfig):
