@@ -150,3 +150,8 @@ def test_far_more_cpu_ranks_than_cores_is_a_warning_that_says_the_cost(monkeypat
         run.plan_placement(parse_args(["--bench", "toy", "--model", "tiny", "--device", "cpu", "--nproc", "8"],
                                       device_kind_of=lambda d: "cpu"))
     assert "share them" not in caplog.text
+
+
+def test_help_names_the_export_command_and_resume():
+    text = build_parser().format_help()
+    assert "python libra.py export runs/" in text and "libra.py export --help" in text and "--resume runs/" in text
