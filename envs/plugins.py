@@ -8,7 +8,8 @@ that takes none is fine; `--data` given to a class without `data_path` is an err
 `--reward` names a function `reward(final_text: str, ground_truth, task: Task) -> float` that
 replaces the env's `Episode.score`: `ground_truth` is `task.answer` (for `--data` rows, the
 row's `reward_model.ground_truth`), `final_text` the model's last message. Tools still run in the
-env's episodes.
+env's episodes. It may say why, returning `(value, reason)` (e.g. `(0.0, "no_answer")`) or an
+`envs.base.Reward`: each step's metrics row then counts the trained rewards by reason (`score/<reason>`).
 
 Algorithm: split the spec at ':', import the module (the current directory is searched too,
 as `python -m` would), fetch the attribute, check its shape (the methods of the protocol; a
@@ -30,7 +31,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from envs.base import Env, Episode, Task, ToolCall, ToolCallError, ToolResult
+from envs.base import Env, Episode, Reward, Task, ToolCall, ToolCallError, ToolResult
 
 ENV_METHODS = ("tasks", "start", "close")
 ENV_KWARGS = ("seed", "num_tasks", "data_path", "level")
@@ -97,10 +98,15 @@ def reward_fn(spec: str) -> Callable:
     return fn
 
 
-def reward_value(spec: str, value, task: Task) -> float:
+def reward_value(spec: str, value, task: Task) -> Reward:
+    """The reward a `--reward` function returned, as a `Reward` (its reason "" unless it gave one)."""
+    reason = getattr(value, "reason", "")
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], str):
+        value, reason = value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"--reward {spec!r} returned {value!r} for task {task.task_id}; return a finite float")
-    return float(value)
+        raise ValueError(f"--reward {spec!r} returned {value!r} for task {task.task_id}; return a finite float, "
+                         "or (float, reason) to say why")
+    return Reward(float(value), reason)
 
 
 class RewardEpisode:

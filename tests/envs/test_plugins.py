@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import libra
-from envs.base import ToolCall, run_scripted
-from envs.plugins import build_env, check_plugins, make_run_env, reward_fn
+from envs.base import Task, ToolCall, run_scripted
+from envs.plugins import build_env, check_plugins, make_run_env, reward_fn, reward_value
 from examples.guess_env import GuessEnv
 from examples.my_reward import exact_answer
 
@@ -79,8 +79,10 @@ def test_reward_spec_errors(user_module):
         reward_fn("userplug:two_args")
     with pytest.raises(ValueError, match="is a int, not a function"):
         reward_fn("userplug:not_callable")
-    with pytest.raises(ValueError, match=r"returned 'yes' for task toy-0-0; return a finite float"):
+    with pytest.raises(ValueError, match=r"returned 'yes' for task toy-0-0; return a finite float, or \(float, reason\)"):
         check_plugins("toy", env_spec="", reward_spec="userplug:says_yes", seed=0)
+    assert reward_value("x", (0.5, "half"), Task(task_id="t", bench="toy", messages=(), tools=())).reason == "half"
+    assert reward_value("x", 1, Task(task_id="t", bench="toy", messages=(), tools=())) == 1.0
     with pytest.raises(ValueError, match="raised KeyError: 'answer' on task toy-0-0 with an empty completion"):
         check_plugins("toy", env_spec="", reward_spec="userplug:boom", seed=0)
 
@@ -143,15 +145,17 @@ def test_a_run_trains_on_the_example_env(tmp_path):
 
 def test_a_run_scores_data_rows_with_a_reward_from_the_working_dir(tmp_path):
     # as a user would: their module in the directory they run from, libra.py elsewhere
-    (tmp_path / "quarter.py").write_text("def reward(final_text, ground_truth, task):\n    return 0.25\n")
+    (tmp_path / "quarter.py").write_text("def reward(final_text, ground_truth, task):\n    return 0.25, 'quarter'\n")
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search",
                            "--data", str(ROOT / "examples" / "qa_rows.jsonl"), "--reward", "quarter:reward", "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
-    assert rows and all(r["reward"] == 0.25 for r in rows)
+    assert rows and all(r["reward"] == 0.25 and r["reward_reason"] == "quarter" for r in rows)
     assert all(r["task_id"].startswith("qa-") for r in rows)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m.get("score/quarter", 0) for m in metrics) == len(rows)  # the reason reaches each step's row
 
 
 def test_env_flag_coexists_with_an_env_section():
