@@ -2,7 +2,7 @@
 
 One dense line per step (always logged; CI and pipes get exactly that). On a terminal a live
 `rich` panel under the step lines shows the step, every rollout instance (bucket, TP, ranks,
-trajectories in flight and migrating), the layout, and the last step's reward, tokens/s,
+trajectories in flight and migrating), the layout, and the last step's reward, rollout tokens/s,
 migrations and staleness. Heartbeats are checked here (every worker beats from a thread each
 second, whatever its main thread does): a worker silent for `straggler_s` is named by rank and
 last announced role, and named again when it is back (the run goes on: its peers only waited);
@@ -10,7 +10,7 @@ one silent for `rank_timeout_s` ends the run (the launcher tears it down; the ne
 stays as it was).
 
 Invariants (tests/engine/runtime/test_e2e.py, tests/engine/runtime/test_view.py): the per-step line carries step, reward,
-tokens/s, migrations and the layout; a silent rank is named once when it falls silent and once
+the rollout's own tokens/s, migrations, why a step trained nothing, and the layout when it changed; a silent rank is named once when it falls silent and once
 when it is back; a heartbeat older than the rank timeout raises RuntimeError naming the rank.
 """
 
@@ -21,6 +21,33 @@ import sys
 import time
 
 log = logging.getLogger("libra")
+
+
+def rollout_rate(row: dict) -> float:
+    """Tokens per second of the step's own rollout (admission to its last trajectory): a step's wall time can
+    be near 0 when the pipeline had its batch ready, which made tokens / step_s read 210,727 tok/s."""
+    return row["tokens"] / max(row["rollout_s"], 1e-9)
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+
+
+def step_text(row: dict, num_steps: int, *, layout_changed: bool) -> str:
+    """The per-step line: times, the rollout's rate, reward, trajectories, migrations (the run's total), staleness;
+    why nothing was trained when it was not; the layout when it changed (it is in the live panel otherwise)."""
+    reconfig = f" reconfig {_s(row['reconfig_s'])}" if row["reconfig_s"] else ""
+    # a typical step fits 120 columns on a terminal, where the live view prints it as it is
+    text = (f"step {row['step']}/{num_steps} {_s(row['step_s'])} | rollout {_s(row['rollout_s'])} "
+            f"{rollout_rate(row):.0f} tok/s | train {_s(row['train_s'])} sync {_s(row['sync_s'])}{reconfig} | "
+            f"reward {row['reward_mean']:.3f} | {row['trajectories']} traj | migr {row['migrations']} "
+            f"stale {row['staleness_max']}")
+    if row.get("train/stepped") == 0:
+        text += (" | trained nothing: a non-finite loss" if row.get("train/nonfinite_skipped")
+                 else " | trained nothing: every group's rewards were equal (no signal)")
+    if layout_changed:
+        text += f" | layout {row['role_map_desc']}"
+    return text
 
 
 class StepView:
@@ -55,8 +82,8 @@ class StepView:
                           str(len(mine)), str(sum(r.migrating for r in mine)))
         r = self._last_row
         if r is not None:
-            table.caption = (f"last step: reward {r['reward_mean']:.3f}  {r['tokens'] / max(r['step_s'], 1e-9):.0f} tok/s  "
-                             f"migrations so far {r['migrations']}  staleness {r['staleness_max']}")
+            table.caption = (f"last step: reward {r['reward_mean']:.3f}  {rollout_rate(r):.0f} tok/s in rollout  "
+                             f"migrations {r['migrations']}  staleness {r['staleness_max']}")
         self._live.update(table)
 
     def close(self) -> None:
@@ -65,11 +92,8 @@ class StepView:
             self._live = None
 
     def step_line(self, row: dict, num_steps: int) -> None:
-        tok_s = row["tokens"] / max(row["step_s"], 1e-9)
-        line = (f"[libra] step {row['step']}/{num_steps} {row['step_s']:.1f}s (rollout {row['rollout_s']:.1f} "
-                f"train {row['train_s']:.1f} sync {row['sync_s']:.2f} reconfig {row['reconfig_s']:.1f}) | "
-                f"reward {row['reward_mean']:.3f} | {row['trajectories']} traj {row['tokens']} tok {tok_s:.0f} tok/s | "
-                f"migrations so far {row['migrations']} staleness {row['staleness_max']} | {row['role_map_desc']}")
+        line = step_text(row, num_steps, layout_changed=self._last_row is None
+                         or self._last_row.get("role_map_desc") != row.get("role_map_desc"))
         self._last_row = row
         if self._console is not None:
             self._console.print(line, highlight=False, markup=False)

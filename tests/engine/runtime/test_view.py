@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.runtime.view import StepView
+from engine.runtime.view import StepView, step_text
 
 
 class Beats:
@@ -46,3 +46,21 @@ def test_a_rank_silent_past_the_timeout_ends_the_run_named():
     beats.beats = {1: (time.time() - 90.0, "trainer:0"), 2: (time.time(), "rollout:1")}
     with pytest.raises(RuntimeError, match=r"rank 1 \(trainer:0\) sent no heartbeat for 90 s .*rank-timeout-s 60.*hung"):
         check(view, beats)
+
+
+ROW = {"step": 3, "step_s": 0.0, "rollout_s": 2.0, "train_s": 0.5, "sync_s": 0.01, "reconfig_s": 0.0, "reward_mean": 0.5,
+       "trajectories": 4, "tokens": 1000, "migrations": 2, "staleness_max": 1, "role_map_desc": "v1 train=2 | short:TP1x2"}
+
+
+def test_the_step_line_rates_the_rollout_by_its_own_time_and_says_why_nothing_trained():
+    line = step_text(ROW, 20, layout_changed=False)
+    assert "rollout 2.0s 500 tok/s" in line  # 1000 tokens over the rollout's 2 s, not over 0.0 s of step wall time
+    assert "layout" not in line and "trained nothing" not in line
+    big = step_text({**ROW, "step": 120, "step_s": 312.4, "rollout_s": 301.2, "tokens": 214254, "trajectories": 128,
+                     "migrations": 1031}, 200, layout_changed=False)
+    assert len(big) <= 115, big  # fits a terminal's 120 columns
+    assert step_text(ROW, 20, layout_changed=True).endswith("| layout v1 train=2 | short:TP1x2")
+    assert "trained nothing: every group's rewards were equal (no signal)" in step_text(
+        {**ROW, "train/stepped": 0}, 20, layout_changed=False)
+    assert "trained nothing: a non-finite loss" in step_text(
+        {**ROW, "train/stepped": 0, "train/nonfinite_skipped": 1}, 20, layout_changed=False)
