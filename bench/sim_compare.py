@@ -44,9 +44,9 @@ from pathlib import Path
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
 from scheduler import systems as sysmod
 from sim.baselines import TUNED, time_to_target, tune
+from sim.run import compare, format_table, play_system, static_splits
 
 HYBRID = "libra-hybrid"  # libra's time-shared layout: tuned like the peers until libra's planner chooses it
-from sim.run import compare, format_table, play_system, static_splits
 
 BASELINES = ("colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq")
 ABLATIONS = tuple(s for s in ABLATION_SYSTEMS if s.startswith("libra-"))
@@ -54,6 +54,17 @@ ABLATIONS = tuple(s for s in ABLATION_SYSTEMS if s.startswith("libra-"))
 
 def _trainers(desc: str) -> int:
     return int(desc.split("train=")[1].split()[0])
+
+
+def first_s(t) -> float:
+    """A tuned system's time to the target: its configuration first to it (else its fastest one)."""
+    return time_to_target(t.to_target or t.best)
+
+
+def best_of(tuned: dict) -> tuple[float | None, float]:
+    """(the fastest tuned peer's tokens/s, the soonest tuned peer's time to the target); (None, inf) for none."""
+    fastest = max((t.best["tokens_per_s"] for t in tuned.values()), default=None)
+    return fastest, min((first_s(t) for t in tuned.values()), default=float("inf"))
 
 
 def headline(result: dict, best_static: tuple[float, float] | None = None, tuned: dict | None = None) -> dict[str, float | str]:
@@ -64,7 +75,7 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
     out: dict[str, float | str] = {f"libra/{n}": lib / s[n]["tokens_per_s"] for n in BASELINES + ABLATIONS if n in s}
     for name, t in (tuned or {}).items():
         out[f"libra/{name}*"] = lib / t.best["tokens_per_s"]
-    best = max((t.best["tokens_per_s"] for t in (tuned or {}).values()), default=None)
+    best, first = best_of(tuned or {})
     if best:
         out["libra/best*"] = lib / best
     if "libra-partial" in s:  # libra with finish-order batches: what its step barrier costs it
@@ -80,9 +91,9 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
         out["best_static_train_share"] = best_static[0]
     lib_t = time_to_target(s["libra"])
     for name, t in (tuned or {}).items():
-        out[f"tt/{name}*"] = _ratio(time_to_target(t.to_target or t.best), lib_t)
+        out[f"tt/{name}*"] = _ratio(first_s(t), lib_t)
     if tuned:
-        out["tt/best*"] = _ratio(min(time_to_target(t.to_target or t.best) for t in tuned.values()), lib_t)
+        out["tt/best*"] = _ratio(first, lib_t)
     return out
 
 
@@ -98,10 +109,8 @@ def hybrid_headline(own: dict, tuned: dict) -> dict[str, float]:
     peer's time to the target over its own (`hybrid_tt/best*`, > 1: libra-hybrid first)."""
     if HYBRID not in own or not tuned:
         return {}
-    t = own[HYBRID]
-    best = max(p.best["tokens_per_s"] for p in tuned.values())
-    first = min(time_to_target(p.to_target or p.best) for p in tuned.values())
-    return {"hybrid*/best*": t.best["tokens_per_s"] / best, "hybrid_tt/best*": _ratio(first, time_to_target(t.to_target or t.best))}
+    t, (best, first) = own[HYBRID], best_of(tuned)
+    return {"hybrid*/best*": t.best["tokens_per_s"] / best, "hybrid_tt/best*": _ratio(first, first_s(t))}
 
 
 def planner_moves(result: dict) -> str:
@@ -174,11 +183,10 @@ def print_tuned(cfg, result: dict, tuned: dict) -> dict[str, float]:
                     matched[mine, eta] = play_system(cfg.replace(max_staleness=eta), mine)[0]["tokens_per_s"]
                 extra[f"{mine}@s/{name}*"] = matched[mine, eta] / t.best["tokens_per_s"]
             same = f"{extra[f'libra@s/{name}*']:.2f}"
-        first = t.to_target or t.best
         print(f"{name:<16} {t.default['tokens_per_s']:>13.0f} {t.best['tokens_per_s']:>11.0f} "
               f"{lib / t.default['tokens_per_s']:>9.2f} {lib / t.best['tokens_per_s']:>7.2f} {same:>9} "
-              f"{_secs(time_to_target(t.best)):>14} {_secs(time_to_target(first)):>10} "
-              f"{_ratio(time_to_target(first), lib_t):>6.2f}  {t.best_label} ({t.to_target_label})")
+              f"{_secs(time_to_target(t.best)):>14} {_secs(first_s(t)):>10} "
+              f"{_ratio(first_s(t), lib_t):>6.2f}  {t.best_label} ({t.to_target_label})")
     return extra
 
 
