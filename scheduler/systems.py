@@ -51,6 +51,7 @@ class SystemSpec:
     interrupt_on_update: bool = False  # a weight update interrupts in-flight generation: KV recomputed on the new weights
     off_policy: str = "decoupled"  # the trainer's objective for stale tokens that its users run (TrainerConfig.off_policy)
     sim_only: bool = False  # needs knowledge only the simulator has
+    chooses_design: bool = False  # the planner picks the design (scheduler/design.py) before step 1, from the bench's prior
     description: str = ""  # one line for tables and --help
 
     def __post_init__(self) -> None:
@@ -67,7 +68,9 @@ def _spec(name: str, router: str, het: bool, planner: bool, realloc: bool, desc:
 
 
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
-    _spec("libra", "cmlfq", True, True, True, "C-MLFQ over heterogeneous buckets + planner + rank reassignment, async"),
+    _spec("libra", "cmlfq", True, True, True, "the design first to the reward target (scheduler/design.py: split with C-MLFQ, "
+          "finish-order batches, colocated or time-shared hybrid, and its lag bound), then C-MLFQ + planner + rank "
+          "reassignment within it", chooses_design=True),
     _spec("colocate", "least_load", False, False, False,
           "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
     _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
@@ -90,7 +93,9 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("libra-hybrid", "least_load", False, False, False,
           "libra's time-shared hybrid layout: every rank hosts a rollout instance and trains; while a batch's tail "
           "finishes, the free instances start the next step's trajectories (one step of lookahead); all pause to "
-          "train and resume on the new weights (not yet chosen by libra's planner)", colocated=True),
+          "train and resume on the new weights (one of the designs libra's planner chooses among)", colocated=True),
+    _spec("libra-no-design", "cmlfq", True, True, True,
+          "libra held to its split design (step batches, the configured lag bound), whatever the bench's prior says"),
     _spec("libra-no-planner", "cmlfq", True, False, False, "libra with its initial layout kept for the whole run"),
     _spec("libra-no-realloc", "cmlfq", True, True, False, "libra whose planner re-plans buckets but keeps the train/rollout split"),
     _spec("libra-no-cmlfq", "least_load", True, True, True, "libra with least-load routing instead of C-MLFQ"),

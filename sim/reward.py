@@ -10,7 +10,7 @@ trajectory is worth a full step's share, one trained k versions late gamma^k of 
 = the simulated time of the first step whose reward reaches the target; with the same curve for
 every system, time-to-reward ratios are step-time ratios corrected for each trajectory's lag.
 
-gamma is measured, not assumed (`MEASURED_LAG_GAMMA`, its source below): real GRPO with every
+gamma is measured, not assumed (`MEASURED_LAG_GAMMA` of scheduler/design.py, with its source; libra's planner prices lag with it): real GRPO with every
 batch trained a forced number of versions late (`python -m bench.convergence --lags 0,1,2,4`,
 bench/staleness.py) under the trainer's default off-policy objective (decoupled PPO), fitted by
 `fit_lag_efficiency` to the mean steps to target per lag. It was measured on small policies and a
@@ -29,14 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Measured 2026-12-06 on this project's 2-core CPU machines, the trainer's default (decoupled) objective:
-#   python -m bench.convergence --lags 0,1,2,4 --seeds 8 --steps 30  (tiny policy, digit task, lr 2e-2, target 0.8):
-#     steps to target 8.4 / 9.8 / 10.2 / 12.5 at lags 0 / 1 / 2 / 4 -> gamma 0.878
-#   python -m bench.convergence --model smollm2 --lags 0,1,2,4 --seeds 2 --steps 12 --target 0.5 (lr 1e-5):
-#     5.5 / 7.0 / 6.5 / >= 7.0 -> gamma 0.895 (2 seeds: noisy)
-# (bypass, verl's objective, fitted 0.69 on the tiny policy: it is not what the simulated systems train with)
-MEASURED_LAG_GAMMA = 0.88
-MEASURED_LAG_SOURCE = "bench.convergence --lags 0,1,2,4 (decoupled PPO): tiny 0.878 (8 seeds), SmolLM2 0.895 (2 seeds)"
+from scheduler.design import MEASURED_LAG_GAMMA, MEASURED_LAG_SOURCE  # noqa: F401  (re-exported: the one owner is there)
+
 REWARD_NOTE = (
     "reward is a MODEL in simulation: r(p) = r0 + (rmax - r0) * (1 - exp(-p/tau)), progress p grows by the mean over "
     "a step's trajectories of gamma^lag (gamma measured: bench.convergence --lags); time-to-reward = simulated time "

@@ -36,6 +36,7 @@ from pathlib import Path
 from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
+from scheduler.design import LAG_BOUNDS, Design, DesignSpace, rank_designs
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
 from scheduler.profile import load_cost_model
@@ -46,7 +47,7 @@ from sim.config import SimConfig, buckets_of, default_router, from_libra_config
 from sim.oracle import OracleRouter
 from sim.reward import MEASURED_LAG_GAMMA, MEASURED_LAG_SOURCE, REWARD_NOTE, RewardTracker, curve_for, default_target
 from sim.trace import TraceWorkload, write_trajectories
-from sim.workload import PROFILES, SyntheticWorkload, get_profile
+from sim.workload import PROFILES, SyntheticWorkload, get_profile, prior_workload
 
 __all__ = ["simulate", "compare", "replay", "play_system", "static_splits", "format_table", "all_systems", "SimConfig"]
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class SystemParts:
     oracle: bool = False
     batch_by_finish: bool = False
     interrupt_on_update: bool = False
+    max_staleness: int | None = None  # the design's lag bound (None: the config's)
+    design: str | None = None  # the design libra's planner chose (`choose_design`), for the summary
 
 
 def make_workload(cfg: SimConfig):
@@ -102,6 +105,15 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     buckets = buckets_of(cfg)
     # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
     pcfg = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)
+    design = choose_design(cfg, cost, buckets) if spec.chooses_design and not clairvoyant else None
+    if design is not None:
+        return SystemParts(router=sysmod.make_router(design.system, rcfg), role_map=design.role_map,
+                           planner=sysmod.make_planner(design.system, cfg.num_devices, cost, cfg.steps, cfg=pcfg,
+                                                       current=design.role_map, buckets=buckets,
+                                                       max_staleness=max(1, design.lag)),
+                           lookahead=sysmod.lookahead_of(design.system, design.lag), colocated=design.role_map.colocated,
+                           batch_by_finish=sysmod.get_system(design.system).batch_by_finish,
+                           max_staleness=design.lag or None, design=design.label)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
@@ -109,6 +121,24 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     return SystemParts(router=router, planner=planner, role_map=role_map, lookahead=sysmod.lookahead_of(system, cfg.max_staleness),
                        colocated=bool(role_map.colocated), oracle=clairvoyant, batch_by_finish=spec.batch_by_finish,
                        interrupt_on_update=spec.interrupt_on_update)
+
+
+def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:
+    """Libra's design for this run (scheduler/design.py), chosen before step 1 on the bench's prior
+    (`sim.workload.prior_workload`: its default profile, not the preset's overrides nor its seed);
+    None when the bench declares no prior (a trace or a profile file): the split design, as before."""
+    prior = prior_workload(cfg.bench, trajectories_per_step=cfg.prompts_per_step * cfg.samples_per_prompt,
+                           samples_per_prompt=cfg.samples_per_prompt, train_epochs=cfg.train_epochs)
+    if prior is None or cfg.trace_dir is not None:
+        return None
+    # the configured staleness bound is the user's: the planner may choose less lag, never more
+    space = DesignSpace(world_size=cfg.num_devices, buckets=buckets.buckets(), allowed_tp=cfg.planner.allowed_tp,
+                        max_batch=cfg.max_seqs_per_instance, gamma=cfg.lag_gamma,
+                        lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness))
+    ranked = rank_designs(cost, space, prior)
+    log.info("[libra sim] design: %s", "; ".join(f"{d.label} {d.step_s:.0f}s/step rate {d.rate * 1e3:.2f}"
+                                                  for d in ranked[:4]))
+    return ranked[0]
 
 
 # Standalone, the oracle's schedule is the best clairvoyant one over these planners/pipelines; in
@@ -120,6 +150,8 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
           real: RealSetup | None = None):
     """One schedule; `clairvoyant`: the oracle's router, longest-first admission, free sync and reconfiguration."""
     parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
+    if parts.max_staleness is not None:
+        cfg = cfg.replace(max_staleness=parts.max_staleness)
     if fixed is not None:
         parts = dataclasses.replace(parts, planner=None, role_map=fixed, colocated=fixed.colocated,
                                     lookahead=sysmod.lookahead_of(system, cfg.max_staleness, colocated=fixed.colocated))
@@ -206,6 +238,8 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
                         lag_gamma=cfg.lag_gamma, lag_gamma_source=MEASURED_LAG_SOURCE if cfg.lag_gamma == MEASURED_LAG_GAMMA else "SimConfig")
     if system == ORACLE:
         summary["oracle_schedule_from"] = source
+    if parts.design:
+        summary["design"] = parts.design
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
     return summary, metrics, sim.admitted or [], layouts_used(layouts)

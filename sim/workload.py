@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.api import OutcomeState
+from scheduler.layout_model import Workload
 
 TAIL_SIGMA_P99_10X = math.log(10.0) / 2.326  # sigma of a lognormal whose p99 is 10x its median
 
@@ -300,3 +301,24 @@ def tail_stats(specs: list[TrajSpec]) -> dict[str, float]:
     p99 = totals[min(n - 1, int(0.99 * n))]
     top = sum(decode[: max(1, n // 10)])
     return {"p50_tokens": p50, "p99_tokens": p99, "p99_over_p50": p99 / p50, "top10_decode_share": top / sum(decode)}
+
+
+PRIOR_SEED = 7919  # the bench prior's own draw: no preset runs this seed, so the prior never sees a run's own samples
+PRIOR_STEPS = 4  # steps of the prior's sample (a few hundred trajectories at the paper's batch sizes)
+
+
+def prior_workload(bench: str, *, trajectories_per_step: int, samples_per_prompt: int, train_epochs: int = 1):
+    """What libra's planner knows before step 1: the bench's default profile (no scenario overrides,
+    its own seed), as the length sample of `scheduler.layout_model.Workload`; None for a profile
+    file or trace, whose bench declares no prior."""
+    if bench not in PROFILES:
+        return None
+    wl = SyntheticWorkload(PROFILES[bench], seed=PRIOR_SEED, num_steps=PRIOR_STEPS)
+    specs = [s for step in range(PRIOR_STEPS)
+             for s in wl.batch(step, max(1, trajectories_per_step // samples_per_prompt), samples_per_prompt)]
+    total = sum(s.total_tokens for s in specs)
+    return Workload(trajectory_tokens=tuple(s.total_tokens for s in specs), num_trajectories=trajectories_per_step,
+                    train_tokens=total / PRIOR_STEPS * train_epochs,
+                    tool_s_per_token=sum(sum(s.tool_latency_s) for s in specs) / max(1, total),
+                    decode_frac=min(1.0, max(1e-3, sum(s.decode_tokens for s in specs) / max(1, total))),
+                    signal_tokens=tuple(s.signal_tokens for s in specs))

@@ -11,7 +11,8 @@ from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
 from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map, lookahead_of, make_planner, make_router
 
-NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-hybrid", "libra-no-planner",
+NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-hybrid", "libra-no-design",
+         "libra-no-planner",
          "libra-no-realloc",
          "libra-no-cmlfq", "libra-homogeneous"]
 CM = get_cost_model("cpu", "tiny")
@@ -24,6 +25,7 @@ def test_table_names_and_flags():
         "cmlfq", True, True, True, True, False)
     assert get_system("colocate").colocated and not get_system("colocate").async_pipeline
     assert get_system("oracle").sim_only and all(s.description for s in SYSTEMS.values())
+    assert [n for n, s in SYSTEMS.items() if s.chooses_design] == ["libra"]  # its ablations keep their design
     with pytest.raises(ValueError, match=r"unknown system 'verl'; choose one of \['libra', 'colocate'"):
         get_system("verl")
     with pytest.raises(ValueError, match=r"router='x' is not one of"):

@@ -1,0 +1,96 @@
+"""Libra's design choice (scheduler/design.py): every peer's layout family and its own, ranked by
+predicted progress per second at the lag each allows."""
+
+import dataclasses
+import random
+
+import pytest
+
+from scheduler.costmodel import get_cost_model
+from scheduler.design import DesignSpace, rank_designs
+from scheduler.layout import BucketsConfig
+from scheduler.layout_model import Workload
+
+A800_14B = get_cost_model("a800", "qwen3-14b")
+BUCKETS = BucketsConfig(max_tokens=(4096, 12288)).buckets()
+
+
+def _workload(lengths, *, train_factor: float = 1.0, tool_s_per_token: float = 0.0) -> Workload:
+    return Workload(trajectory_tokens=tuple(lengths), num_trajectories=len(lengths),
+                    train_tokens=sum(lengths) * train_factor, tool_s_per_token=tool_s_per_token, decode_frac=0.8,
+                    signal_tokens=tuple(min(x, 2048) for x in lengths))
+
+
+def _long_tail(n: int = 128, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    return _workload([int(2000 * rng.lognormvariate(0, 1.0)) + 200 for _ in range(n)], tool_s_per_token=2e-4)
+
+
+def _space(**kw) -> DesignSpace:
+    return DesignSpace(world_size=16, buckets=BUCKETS, **kw)
+
+
+def test_every_candidate_validates_and_stays_within_the_lag_bounds():
+    for bounds in ((0, 1, 2, 4), (0, 1), (1,), (0,)):
+        ranked = rank_designs(A800_14B, _space(lag_bounds=bounds), _long_tail())
+        assert ranked and all(d.lag in bounds for d in ranked)
+        for d in ranked:
+            d.role_map.validate()
+            assert d.role_map.colocated == (d.system in ("colocate", "libra-hybrid"))
+            assert d.step_s > 0
+        assert [d.rate for d in ranked] == sorted((d.rate for d in ranked), reverse=True)
+
+
+def test_without_a_lag_price_the_rate_is_the_inverse_step_time():
+    for d in rank_designs(A800_14B, _space(gamma=1.0), _long_tail()):
+        assert d.rate == pytest.approx(1 / d.step_s)
+
+
+def test_a_dear_lag_makes_the_on_policy_design_first():
+    ranked = rank_designs(A800_14B, _space(gamma=0.05), _long_tail())
+    assert ranked[0].lag == 0 and ranked[0].system == "colocate"
+
+
+def test_cheaper_staleness_never_ranks_a_laggier_design_lower():
+    wl = _long_tail()
+    order = {}
+    for gamma in (0.5, 0.7, 0.88, 1.0):
+        ranked = rank_designs(A800_14B, _space(gamma=gamma), wl)
+        order[gamma] = {(d.system, d.lag, d.label): i for i, d in enumerate(ranked)}
+    for lo, hi in ((0.5, 0.7), (0.7, 0.88), (0.88, 1.0)):
+        for a in order[lo]:
+            for b in order[lo]:
+                # a above b although a lags more: raising gamma keeps it above
+                if a[1] > b[1] and order[lo][a] < order[lo][b]:
+                    assert order[hi][a] < order[hi][b], (a, b, lo, hi)
+
+
+def test_finish_order_is_never_slower_than_step_batches_on_the_same_layout_and_bound():
+    by = {}
+    for d in rank_designs(A800_14B, _space(), _long_tail()):
+        by[d.system, d.lag] = d
+    for lag in (1, 2, 4):
+        step, finish = by["libra", lag], by["libra-partial", lag]
+        assert finish.role_map == step.role_map and finish.step_s <= step.step_s
+
+
+def test_a_long_tail_pays_for_dropping_the_batch_barrier():
+    """The tail holds a step-batched split's batch; finish-order batches or a time-shared hybrid don't wait for it."""
+    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), _long_tail(seed=1))
+    assert ranked[0].system in ("libra-partial", "libra-hybrid")
+    by = {(d.system, d.lag): d for d in ranked}
+    assert by["libra-partial", 1].step_s < by["libra", 1].step_s
+
+
+def test_without_a_tail_and_with_heavy_training_every_rank_should_do_both():
+    """Identical short trajectories and four trainer passes: any split idles one side, colocated ranks do not."""
+    wl = _workload([1500] * 128, train_factor=4.0)
+    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), wl)
+    assert ranked[0].role_map.colocated, [d.label for d in ranked[:4]]
+
+
+def test_no_design_fits_gives_the_bounds_and_the_fix():
+    with pytest.raises(ValueError, match="lag_bounds=\\(0,\\).*allowed_tp=\\(4,\\).*6 ranks"):
+        rank_designs(A800_14B, dataclasses.replace(_space(lag_bounds=(0,), allowed_tp=(4,)), world_size=6), _long_tail())
+    with pytest.raises(ValueError, match="gamma=1.5 must be in"):
+        _space(gamma=1.5)
