@@ -5,7 +5,8 @@ Expected row fields (the verl RL data format used by Search-R1, DAPO-Math and R2
     prompt                   list of chat messages [{"role": "system"|"user", "content": str}, ...]  (required)
     reward_model.ground_truth  the checker's data: a string (DAPO-Math: the answer), a list of
                              accepted strings, or {"target": [...]} (Search-R1)              (required)
-    extra_info               dict; "index" (or "id") names the task, "level" its difficulty  (optional)
+    extra_info               dict; "index" (or "id") names the task, "level" its difficulty, "demonstration"
+                             an assistant message calling a tool, shown before other tasks (envs/demo.py)  (optional)
     data_source              free text kept in Task.meta                                     (optional)
 
 Algorithm: read every row (pyarrow for .parquet, json per line for .jsonl/.json lines), check the
@@ -22,6 +23,7 @@ import json
 from pathlib import Path
 
 from envs.base import Task
+from envs.demo import DEMO_KEY
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -84,7 +86,8 @@ def load_verl_tasks(path: str | Path, *, bench: str, tools: tuple[dict, ...], sy
         tasks.append(Task(
             task_id=str(extra.get("index", extra.get("id", f"{bench}-file-{i}"))), bench=bench, messages=messages,
             tools=tools, answer=_jsonable(gt), level=int(extra.get("level", 0) or 0),
-            meta={"data_source": str(row.get("data_source", "")), "row": i, "extra_info": _jsonable(extra)},
+            meta={"data_source": str(row.get("data_source", "")), "row": i, "extra_info": _jsonable(extra),
+                  **({DEMO_KEY: extra[DEMO_KEY]} if DEMO_KEY in extra else {})},
         ))
     return tasks
 

@@ -9,13 +9,20 @@ and its own messages: another task's user message, then the env's scripted oracl
 action on that task (the one that calls a tool). The tool's output is not shown: a model shown a
 whole solved episode copies its final answer instead of calling tools.
 
+Any env can supply its own: a task whose `meta["demonstration"]` (`DEMO_KEY`) holds an assistant
+message that calls a tool is shown by that message instead of an oracle's (a `--data` row sets it
+with `extra_info.demonstration`; a custom `--env` sets it on its tasks), so `--demo-turns` needs a
+scripted oracle only for tasks that bring none.
+
 Algorithm: tasks are taken in their list order; task i borrows its demonstrations from tasks
 i+1 .. i+k (cyclically), so a demonstration never shows a task its own answer and the same
 tasks always get the same prompt (resume, --compare).
 
 Invariants (tests/envs/test_envs_demo.py): task ids, tools and answers are unchanged; every
 demonstration comes from another task and holds a tool call; k=0 returns the tasks as they
-were; fewer than k+1 tasks, or an oracle whose actions call no tool, is a ValueError with the fix.
+were; a task's own demonstration wins over the oracle's; fewer than k+1 tasks, an oracle whose
+actions call no tool, or a demonstration that calls none (or no oracle and no demonstration), is a
+ValueError with the fix.
 """
 
 from __future__ import annotations
@@ -27,25 +34,44 @@ from envs.base import Task
 from envs.toolcalls import parse_tool_calls
 
 
-def demo_exchange(task: Task, oracle_actions: Callable[[Task], list[str]]) -> tuple[dict, dict]:
-    """(user message, assistant message) of `task` solved up to its first tool call."""
+DEMO_KEY = "demonstration"  # Task.meta key: an assistant message calling a tool, shown before other tasks
+NO_DEMO_FIX = ("give each task a meta['demonstration'] (a --data row: extra_info.demonstration), an assistant message "
+               "that calls a tool, or pass --demo-turns 0")
+
+
+def demo_exchange(task: Task, oracle_actions: Callable[[Task], list[str]] | None) -> tuple[dict, dict]:
+    """(user message, assistant message) of `task` solved up to its first tool call: its own
+    demonstration when it brings one, else its oracle's first action that calls a tool."""
+    given = task.meta.get(DEMO_KEY) if isinstance(task.meta, dict) else None
+    if given is not None:
+        if not isinstance(given, str) or not parse_tool_calls(given):
+            raise ValueError(f"demo turns: task {task.task_id!r} has a {DEMO_KEY} that calls no tool "
+                             f"({str(given)[:60]!r}); write one well-formed tool call in it, or pass --demo-turns 0")
+        return _user_of(task), {"role": "assistant", "content": given}
+    if oracle_actions is None:
+        raise ValueError(f"demo turns: task {task.task_id!r} brings no demonstration and its env no scripted oracle; "
+                         + NO_DEMO_FIX)
     try:
         actions = oracle_actions(task)
     except (KeyError, TypeError, IndexError, AttributeError) as exc:
         raise ValueError(
             f"demo turns: the {task.bench} oracle cannot script task {task.task_id!r} ({exc.__class__.__name__}: {exc}); "
-            "tasks loaded with --data carry no oracle data: pass --demo-turns 0"
+            "tasks loaded with --data carry no oracle data: " + NO_DEMO_FIX
         ) from None
     first_call = next((a for a in actions if parse_tool_calls(a)), None)
     if first_call is None:
         raise ValueError(f"demo turns: the {task.bench} oracle calls no tool on task {task.task_id!r}; pass --demo-turns 0")
+    return _user_of(task), {"role": "assistant", "content": first_call}
+
+
+def _user_of(task: Task) -> dict:
     user = [m for m in task.messages if m["role"] == "user"]
     if not user:
         raise ValueError(f"demo turns: task {task.task_id!r} has no user message to show; pass --demo-turns 0")
-    return dict(user[-1]), {"role": "assistant", "content": first_call}
+    return dict(user[-1])
 
 
-def add_demo_turns(tasks: list[Task], num_demos: int, oracle_actions: Callable[[Task], list[str]]) -> list[Task]:
+def add_demo_turns(tasks: list[Task], num_demos: int, oracle_actions: Callable[[Task], list[str]] | None) -> list[Task]:
     """`tasks` with `num_demos` demonstration exchanges after each one's system message."""
     if num_demos == 0:
         return list(tasks)

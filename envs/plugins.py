@@ -14,7 +14,8 @@ env's episodes. It may say why, returning `(value, reason)` (e.g. `(0.0, "no_ans
 Algorithm: split the spec at ':', import the module (the current directory is searched too,
 as `python -m` would), fetch the attribute, check its shape (the methods of the protocol; a
 reward callable with three positional parameters). `check_plugins` also builds the env once,
-checks its tasks and calls the reward on the first task, so a mistake ends the run before any
+checks its tasks (with `--demo-turns`, that each brings a demonstration: envs/demo.py) and calls
+the reward on the first task, so a mistake ends the run before any
 rank starts (engine/runtime/preflight.py). Torch-free, like all of envs/.
 
 Invariants (tests/envs/test_plugins.py): every malformed spec, import failure, missing attribute,
@@ -32,6 +33,7 @@ import sys
 from collections.abc import Callable
 
 from envs.base import Env, Episode, Reward, Task, ToolCall, ToolCallError, ToolResult
+from envs.demo import add_demo_turns
 
 ENV_METHODS = ("tasks", "start", "close")
 ENV_KWARGS = ("seed", "num_tasks", "data_path", "level")
@@ -165,13 +167,16 @@ def make_run_env(bench: str, *, env_spec: str = "", reward_spec: str = "", **kwa
     return RewardEnv(env, reward_spec) if reward_spec else env
 
 
-def check_plugins(bench: str, *, env_spec: str, reward_spec: str, **kwargs) -> None:
-    """Build the run's env once, check its tasks and one reward call; raises ValueError naming the fix."""
+def check_plugins(bench: str, *, env_spec: str, reward_spec: str, demo_turns: int = 0, **kwargs) -> None:
+    """Build the run's env once, check its tasks (and their demonstrations, for `demo_turns`) and one reward
+    call; raises ValueError naming the fix."""
     env = make_run_env(bench, env_spec=env_spec, reward_spec=reward_spec, **kwargs)
     try:
         tasks = env.tasks()
         if env_spec:
             check_tasks(env_spec, tasks)
+            if demo_turns > 0:  # a custom env has no scripted oracle: each task must bring its own (envs/demo.py)
+                add_demo_turns(tasks, demo_turns, None)
         if reward_spec and tasks:
             try:
                 value = env.fn("", tasks[0].answer, tasks[0])

@@ -6,7 +6,9 @@ This file is the whole user code. A Libra env is a class with `tasks()`, `start(
 `close()` (the `Env` protocol of envs/base.py); `start` returns an episode with `execute(call)`
 (run one tool call the model wrote, return a `ToolResult`), `score(final_text)` (the reward
 when the model stops calling tools) and `close()`. Tools are OpenAI function schemas;
-`dispatch` turns every malformed call into a failure result the model sees.
+`dispatch` turns every malformed call into a failure result the model sees. A task's
+`meta["demonstration"]`, one assistant message that calls a tool, is what `--demo-turns N`
+shows a small policy before other tasks (envs/demo.py).
 Tested by tests/envs/test_plugins.py (scripted oracle scores 1, a wrong answer 0, a real run trains on it).
 """
 
@@ -52,7 +54,8 @@ class GuessEnv:
         rng = random.Random(f"guess-{seed}")
         self._tasks = [
             Task(task_id=f"guess-{seed}-{i}", bench="guess", tools=(GUESS,), answer=rng.randint(1, 16),
-                 messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find my number."}))
+                 messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find my number."}),
+                 meta={"demonstration": format_tool_call("guess", {"number": 8})})  # what --demo-turns shows
             for i in range(num_tasks or 16)
         ]
 

@@ -93,13 +93,11 @@ def check_plugin_flags(cfg) -> None:
     used = " and ".join(f for f, v in (("--env", cfg.run.env), ("--reward", cfg.run.reward)) if v)
     if cfg.run.sim:
         raise ValueError(f"{used} cannot be simulated: --sim models the built-in benches' workloads; drop --sim or {used}")
-    if cfg.run.env and cfg.run.demo_turns > 0:
-        raise ValueError(f"--demo-turns {cfg.run.demo_turns} needs a bench's scripted oracle, which --env {cfg.run.env!r} "
-                         "does not have; pass --demo-turns 0")
     from envs.sandbox.sandbox import start_up_check
 
     with start_up_check():
-        check_plugins(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
+        check_plugins(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, demo_turns=cfg.run.demo_turns,
+                      **run_env_kwargs(cfg))
 
 
 def run_env_kwargs(cfg) -> dict:

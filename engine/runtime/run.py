@@ -180,8 +180,8 @@ def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None) -> 
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
-    if cfg.run.demo_turns > 0:
-        tasks = add_demo_turns(tasks, cfg.run.demo_turns, scripted_agents(cfg.run.bench)[0])
+    if cfg.run.demo_turns > 0:  # a custom env has no scripted oracle: its tasks bring their demonstrations
+        tasks = add_demo_turns(tasks, cfg.run.demo_turns, None if cfg.run.env else scripted_agents(cfg.run.bench)[0])
     router = make_router(cfg.run.system, cfg.router)
     if resume and resume.prefix_tree:
         router.load_tree_json(resume.prefix_tree)

@@ -41,3 +41,39 @@ def test_errors_name_the_fix():
         add_demo_turns(tasks, 1, lambda t: ["<answer>red</answer>"])
     with pytest.raises(ValueError, match=r"cannot script task 'toy-0-0' \(KeyError: 'file'\); tasks loaded with --data carry no oracle data"):
         add_demo_turns(tasks, 1, lambda t: [t.meta["file"]])
+
+
+def test_a_task_brings_its_own_demonstration_and_needs_no_oracle():
+    from dataclasses import replace
+
+    from envs.toolcalls import format_tool_call
+
+    call = format_tool_call("guess", {"number": 8})
+    tasks = [replace(t, meta={**t.meta, "demonstration": call}) for t in make_env("toy", seed=0, num_tasks=3).tasks()]
+    shown = add_demo_turns(tasks, 1, None)
+    assert shown[0].messages[1] == tasks[1].messages[-1] and shown[0].messages[2] == {"role": "assistant", "content": call}
+    # its own wins over an oracle's
+    assert add_demo_turns(tasks, 1, scripted_agents("toy")[0]) == shown
+    bare = make_env("toy", seed=0, num_tasks=3).tasks()
+    with pytest.raises(ValueError, match=r"task 'toy-0-0' brings no demonstration and its env no scripted oracle; give each "
+                                         r"task a meta\['demonstration'\]"):
+        add_demo_turns(bare, 1, None)
+    prose = [replace(t, meta={"demonstration": "I would guess eight."}) for t in bare]
+    with pytest.raises(ValueError, match=r"task 'toy-0-0' has a demonstration that calls no tool \('I would guess eight.'\)"):
+        add_demo_turns(prose, 1, None)
+
+
+def test_data_rows_carry_demonstrations(tmp_path):
+    import json
+
+    from envs.datasets import load_verl_tasks
+    from envs.toolcalls import format_tool_call
+
+    call = format_tool_call("search", {"query": "capital of France"})
+    rows = [{"prompt": [{"role": "user", "content": f"question {i}"}], "reward_model": {"ground_truth": "Paris"},
+             "extra_info": {"index": f"q{i}", "demonstration": call}} for i in range(3)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    tasks = load_verl_tasks(path, bench="search", tools=(), system="sys")
+    shown = add_demo_turns(tasks, 1, None)
+    assert [m["content"] for m in shown[2].messages[1:3]] == ["question 0", call]

@@ -129,8 +129,8 @@ def test_bad_plugins_fail_before_the_run_dir(tmp_path, caplog):
     assert "cannot import 'nope_mod'" in _fail(caplog, *SMALL, "--env", "nope_mod:Env", "--out", str(out))
     assert "--env and --reward cannot be simulated" in _fail(
         caplog, "--sim", "--env", "examples.guess_env:GuessEnv", "--reward", "examples.my_reward:exact_answer", "--out", str(out))
-    assert "pass --demo-turns 0" in _fail(caplog, *SMALL, "--env", "examples.guess_env:GuessEnv", "--demo-turns", "1",
-                                          "--out", str(out))
+    assert "brings no demonstration and its env no scripted oracle" in _fail(
+        caplog, *SMALL, "--env", "examples.digits_env:DigitEnv", "--demo-turns", "1", "--out", str(out))
     assert not out.exists()
 
 
