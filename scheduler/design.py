@@ -2,7 +2,7 @@
 
 The planner (scheduler/planner.py) re-plans a layout *within* a design; this module chooses the
 design itself, among every layout a peer uses and libra's own, by predicted time to the reward
-target (docs/design.md, "The planner's objective"):
+target (docs/design.md, Scheduling, "The planner's objective"):
 
   split, step batches       libra: C-MLFQ over heterogeneous buckets, lookahead L (L steps of lag)
   split, finish-order       libra-partial: the batch is the first groups to finish, the tail carries on
