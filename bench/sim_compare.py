@@ -170,9 +170,9 @@ def print_tuned(cfg, result: dict, tuned: dict) -> dict[str, float]:
     lib_t = time_to_target(result["systems"]["libra"])
     matched: dict[tuple[str, int], float] = {}
     extra = {}
-    design = result["systems"]["libra"].get("design")
+    first, last = result["systems"]["libra"].get("design_first"), result["systems"]["libra"].get("design")
     print(f"libra: {lib:.0f} tok/s, time to the reward target {_secs(lib_t)} (modelled reward, sim/reward.py)"
-          + (f"; design chosen before step 1: {design}" if design else ""))
+          + (f"; design before step 1: {first}" if first else "") + (f", on the measured lengths: {last}" if last != first else ""))
     print(f"{'baseline':<16} {'default tok/s':>13} {'best tok/s':>11} {'l/default':>9} {'l/best':>7} {'l@s/best':>9} "
           f"{'ttt best-tok/s':>14} {'ttt first':>10} {'tt/X*':>6}  best configuration (first to target)")
     for name, t in tuned.items():

@@ -97,6 +97,10 @@ class PlanDecision:
     reconfig_s: float  # predicted cost of switching
     reason: str = ""
     details: dict = field(default_factory=dict)
+    # a new design (scheduler/design.py) the step core runs from the next admission; None: unchanged
+    lookahead: int | None = None
+    max_staleness: int | None = None
+    batch_by_finish: bool | None = None
 
 
 class Router(Protocol):

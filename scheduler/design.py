@@ -13,14 +13,15 @@ target (docs/design.md, Scheduling, "The planner's objective"):
 Algorithm (`rank_designs`):
 1. Each candidate's step time comes from the planner's own model (`LayoutSearch`, `LayoutModel`)
    on a length sample (measured, or the bench's prior before step 1):
-   - split, step batches: the best split at lookahead L (`pipeline_step_s`);
-   - split, finish-order: the same layout without the batch barrier: a batch waits for the
-     throughput of its buckets, not for its longest trajectory, so step = max(train + sync,
-     throughput, (throughput + train + sync) / (L + 1));
-   - either split: at least the throughput of its buckets (batches in flight share the devices).
-     (A search that priced finish-order layouts by throughput alone chose TP2 everywhere and ran
-     2x slower than predicted: a batch of complete GRPO groups still waits for each group's
-     slowest sample, which this model does not price; the step-batched layout is the safer one.)
+   - split, step batches: the best split at lookahead L (`pipeline_step_s`), and at least the
+     throughput of its buckets (batches in flight share the devices);
+   - split, finish-order: no barrier: with L + 1 steps' groups in flight a batch is about the
+     first 1/(L + 1) of them to complete, and a group completes with its slowest sample, so the
+     batch waits for lengths up to the quantile (1/(L + 1))^(1/n) (n the group size); the split
+     is searched for that capped sample (`finish_order_sample`), and the step is at least the
+     whole sample's throughput with L + 1 steps decoding together (larger batches, a better rate
+     per sequence). (Priced on the step-batched layout with the whole sample, lag 1, 2 and 4
+     came out alike; simulated steps were 194, 140 and 109 s on 160 x 910B3 swe.)
    - colocated TP t, on-policy: rollout on all G ranks + training on all G + a local sync;
    - colocated TP t, time-shared: training + sync + the generation window, which must hold a
      batch's throughput and, with one batch started early, half its critical path:
@@ -28,14 +29,19 @@ Algorithm (`rank_designs`):
 2. Progress per step: a trajectory trained k versions late is worth gamma^k of a fresh one
    (`MEASURED_LAG_GAMMA`, measured by real GRPO with forced lags); in every one of these designs
    the trained lag settles at the lookahead L (simulated: 0.95 at L = 1, 1.85 at L = 2 over 20
-   steps, whichever design), so the rate to the target is gamma^L / step_s.
-3. The ranking is by that rate, highest first; ties go to the earlier candidate in the order
-   above (the one with less lag).
+   steps, whichever design), so once the pipeline is full the rate is gamma^L / step_s.
+3. The time to the run's worth of progress (S steps of an on-policy run): the first step fills
+   the pipeline (its rollout, training and sync, nothing overlapped: a split's trainer waits for
+   its first batch on fewer devices, 72 s against colocate's 32 s on training_heavy), then
+   S / gamma^L - 1 steps: T = fill + (S / gamma^L - 1) x step_s. (Ranked by rate alone, a short
+   run chose a split that reached the target 1.5x later than colocate at the same step time.)
+4. The ranking is by T, least first; ties go to the earlier candidate: less lag, and at the same
+   lag and layout finish-order batches before step batches.
 
-What it leaves (issue 34): the choice is made once, before step 1, from the bench's prior; a run
-does not yet switch design after its first measured lengths.
+`scheduler/design_planner.py` re-checks the choice once the run has measured its own lengths.
 
-Invariants (tests/scheduler/test_design.py): gamma = 1 makes the rate the inverse step time; a
+Invariants (tests/scheduler/test_design.py): gamma = 1 makes the rate the inverse step time; the
+pipeline's fill counts once and matters less the longer the run; a
 higher gamma never ranks a laggier design lower; without a tail a colocated design beats a split
 one when training dominates; a finish-order step is never slower than the step-batched one of the
 same layout and bound; every candidate's role map validates.
@@ -68,8 +74,31 @@ class Design:
     system: str  # the SYSTEMS entry that runs it: libra, libra-partial, colocate, libra-hybrid
     lag: int  # the lookahead / trained-lag bound (the run's max_staleness; 0 = on-policy)
     role_map: RoleMap  # its first layout (a split's planner re-plans it)
-    step_s: float  # predicted step time on the sample
-    rate: float  # predicted progress per second: gamma^lag / step_s
+    step_s: float  # predicted step time on the sample, once the pipeline is full
+    fill_s: float  # predicted first step: its rollout, training and sync, nothing overlapped yet
+    gamma: float  # the worth of a trajectory trained one version late
+
+    @property
+    def rate(self) -> float:
+        """Progress per second once the pipeline is full: gamma^lag / step_s."""
+        return self.gamma ** self.lag / self.step_s
+
+    def time_for(self, steps: int, *, filled: bool = False) -> float:
+        """Seconds to make `steps` on-policy steps' worth of progress: the first step fills the pipeline,
+        each later one adds gamma^lag of a step (`filled`: the pipeline is already running)."""
+        need = steps / self.gamma ** self.lag
+        return need * self.step_s if filled else self.fill_s + max(0.0, need - 1) * self.step_s
+
+    @property
+    def lookahead(self) -> int:
+        """Steps the core admits ahead of the trainer: the lag bound in every design (colocate's 0 included)."""
+        return self.lag
+
+    @property
+    def step_batched(self) -> bool:
+        """A batch is a step's trajectories (every design but finish-order's; leaving finish order drains the
+        groups in flight first: `StepCore.set_design`)."""
+        return self.system != "libra-partial"
 
     @property
     def label(self) -> str:
@@ -88,6 +117,7 @@ class DesignSpace:
     max_batch: int = 128  # sequences per instance (the engine's max_batch)
     lag_bounds: tuple[int, ...] = LAG_BOUNDS
     gamma: float = MEASURED_LAG_GAMMA
+    group_size: int = 8  # GRPO samples per prompt: a finish-order batch is complete groups
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -110,18 +140,37 @@ def throughput_s(model: LayoutModel, rm: RoleMap, wl: Workload) -> float:
     return max(model._thr_s(d, by_bucket[a]) for a, d in zip(active, model.demands(wl, active)) if d.n > 0)
 
 
+def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:
+    """The length sample as a finish-order batch sees it: with L + 1 steps' groups in flight, a batch is
+    about the first 1/(L + 1) of them to complete, and a group completes with its slowest sample, so
+    the batch waits for trajectories up to the quantile (1/(L + 1))^(1/n) of the lengths (n the group
+    size); longer ones carry on into later batches: capped there (their work still counts, in the
+    throughput of the whole sample)."""
+    q = (1.0 / (lag + 1)) ** (1.0 / max(1, group_size))
+    lens = sorted(wl.trajectory_tokens)
+    cap = lens[min(len(lens) - 1, int(q * len(lens)))]
+    return dataclasses.replace(wl, trajectory_tokens=tuple(min(x, cap) for x in wl.trajectory_tokens),
+                               signal_tokens=tuple(min(x, cap) for x in wl.signal_tokens))
+
+
 def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     min_tp, min_train = cm.min_rollout_tp(), cm.min_train_devices()
     for lag in (x for x in space.lag_bounds if x >= 1):
         search = LayoutSearch(cm, space.world_size, space.buckets, allowed_tp=space.allowed_tp,
                               max_batch=space.max_batch, min_tp=min_tp, min_train=min_train, lookahead=lag)
+        # finish-order: the split searched for the batch it waits for (`finish_order_sample`); L + 1 steps'
+        # groups decode together (no barrier holds admission back), so each instance runs a larger batch,
+        # at a better rate per sequence: the whole sample's throughput at that width, per step
+        part = search.best(finish_order_sample(wl, lag, space.group_size), Scales(), current=None)
+        rm = search.build(part, None)
+        wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
+        thr_wide = throughput_s(search, rm, wide) / (lag + 1)
+        # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
+        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), part.rollout_s + part.train_s + part.sync_s
         choice = search.best(wl, Scales(), current=None)
         rm = search.build(choice, None)
-        thr = throughput_s(search, rm, wl)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
-        yield "libra", lag, rm, max(choice.step_s, thr)
-        train_sync = choice.train_s + choice.sync_s
-        yield "libra-partial", lag, rm, max(train_sync, thr, (thr + train_sync) / (lag + 1))
+        yield "libra", lag, rm, max(choice.step_s, throughput_s(search, rm, wl)), choice.rollout_s + choice.train_s + choice.sync_s
 
 
 def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
@@ -134,16 +183,17 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         _, rollout, train = model.predict(rm, wl, Scales())
         sync = cm.sync_s(g, g, colocated=True)
         if 0 in space.lag_bounds:
-            yield "colocate", 0, rm, rollout + train + sync
+            yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync
         if 1 in space.lag_bounds:
-            yield "libra-hybrid", 1, rm, train + sync + max(throughput_s(model, rm, wl), rollout / 2)
+            yield "libra-hybrid", 1, rm, train + sync + max(throughput_s(model, rm, wl), rollout / 2), rollout + train + sync
 
 
-def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload) -> list[Design]:
-    """Every candidate design with its predicted step time and rate, fastest to the target first (module docstring)."""
-    out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, rate=space.gamma ** lag / step_s)
-           for s, lag, rm, step_s in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))]
+def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:
+    """Every candidate design with its predicted step times, first to `steps` steps' worth of progress first
+    (module docstring)."""
+    out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma)
+           for s, lag, rm, step_s, fill_s in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))]
     if not out:
         raise ValueError(f"rank_designs: no design fits lag_bounds={space.lag_bounds} and allowed_tp={space.allowed_tp} "
                          f"on {space.world_size} ranks; allow lag 1 or a TP that divides the world size")
-    return [d for _, d in sorted(enumerate(out), key=lambda x: (-x[1].rate, x[0]))]
+    return [d for _, d in sorted(enumerate(out), key=lambda x: (x[1].time_for(steps), x[0]))]

@@ -37,6 +37,7 @@ from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summariz
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
 from scheduler.design import LAG_BOUNDS, Design, DesignSpace, rank_designs
+from scheduler.design_planner import DesignPlanner
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
 from scheduler.profile import load_cost_model
@@ -107,13 +108,15 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     pcfg = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)
     design = choose_design(cfg, cost, buckets) if spec.chooses_design and not clairvoyant else None
     if design is not None:
-        return SystemParts(router=sysmod.make_router(design.system, rcfg), role_map=design.role_map,
-                           planner=sysmod.make_planner(design.system, cfg.num_devices, cost, cfg.steps, cfg=pcfg,
-                                                       current=design.role_map, buckets=buckets,
-                                                       max_staleness=max(1, design.lag)),
-                           lookahead=sysmod.lookahead_of(design.system, design.lag), colocated=design.role_map.colocated,
-                           batch_by_finish=sysmod.get_system(design.system).batch_by_finish,
-                           max_staleness=design.lag or None, design=design.label)
+        def planner_for(d: Design, remaining: int):
+            return sysmod.make_planner(d.system, cfg.num_devices, cost, remaining, cfg=pcfg, current=d.role_map,
+                                       buckets=buckets, max_staleness=max(1, d.lag))
+
+        planner = DesignPlanner(cost, design_space(cfg, buckets), design, cfg.steps, cfg=pcfg, planner_for=planner_for,
+                                lookahead=design.lookahead)
+        return SystemParts(router=sysmod.make_router(design.system, rcfg), role_map=design.role_map, planner=planner,
+                           lookahead=design.lookahead, colocated=design.role_map.colocated,
+                           batch_by_finish=not design.step_batched, max_staleness=max(1, design.lag), design=design.label)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
@@ -123,21 +126,26 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                        interrupt_on_update=spec.interrupt_on_update)
 
 
+def design_space(cfg: SimConfig, buckets: BucketsConfig) -> DesignSpace:
+    """What libra's planner may choose among; the configured staleness bound is the user's: the
+    planner may choose less lag, never more."""
+    return DesignSpace(world_size=cfg.num_devices, buckets=buckets.buckets(), allowed_tp=cfg.planner.allowed_tp,
+                       max_batch=cfg.max_seqs_per_instance, gamma=cfg.lag_gamma, group_size=cfg.samples_per_prompt,
+                       lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness))
+
+
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:
-    """Libra's design for this run (scheduler/design.py), chosen before step 1 on the bench's prior
-    (`sim.workload.prior_workload`: its default profile, not the preset's overrides nor its seed);
-    None when the bench declares no prior (a trace or a profile file): the split design, as before."""
+    """Libra's design before step 1 (scheduler/design.py), on the bench's prior (`sim.workload.prior_workload`:
+    its default profile, not the preset's overrides nor its seed); the planner re-checks it on the run's own
+    lengths (scheduler/design_planner.py). None when the bench declares no prior (a trace or a profile file): the
+    split design, as before."""
     prior = prior_workload(cfg.bench, trajectories_per_step=cfg.prompts_per_step * cfg.samples_per_prompt,
                            samples_per_prompt=cfg.samples_per_prompt, train_epochs=cfg.train_epochs)
     if prior is None or cfg.trace_dir is not None:
         return None
-    # the configured staleness bound is the user's: the planner may choose less lag, never more
-    space = DesignSpace(world_size=cfg.num_devices, buckets=buckets.buckets(), allowed_tp=cfg.planner.allowed_tp,
-                        max_batch=cfg.max_seqs_per_instance, gamma=cfg.lag_gamma,
-                        lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness))
-    ranked = rank_designs(cost, space, prior)
-    log.info("[libra sim] design: %s", "; ".join(f"{d.label} {d.step_s:.0f}s/step rate {d.rate * 1e3:.2f}"
-                                                  for d in ranked[:4]))
+    ranked = rank_designs(cost, design_space(cfg, buckets), prior, cfg.steps)
+    log.info("[libra sim] design before step 1: %s", "; ".join(f"{d.label} {d.step_s:.0f}s/step rate {d.rate * 1e3:.2f}"
+                                                               for d in ranked[:4]))
     return ranked[0]
 
 
@@ -238,8 +246,9 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
                         lag_gamma=cfg.lag_gamma, lag_gamma_source=MEASURED_LAG_SOURCE if cfg.lag_gamma == MEASURED_LAG_GAMMA else "SimConfig")
     if system == ORACLE:
         summary["oracle_schedule_from"] = source
-    if parts.design:
-        summary["design"] = parts.design
+    if parts.design:  # libra: the design chosen before step 1, and the one it ended on
+        summary["design_first"] = parts.design
+        summary["design"] = parts.planner.design.label if isinstance(parts.planner, DesignPlanner) else parts.design
     log.info("[libra sim] %s/%s: %.0f tok/s over %.0f simulated s (%.2f s on the host)",
              cfg.bench, system, summary["tokens_per_s"], summary["wall_s"], summary["sim_wall_s"])
     return summary, metrics, sim.admitted or [], layouts_used(layouts)

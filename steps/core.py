@@ -28,6 +28,8 @@ Algorithm:
    a group that outlives several updates is trained, and the row reports its lag.
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
    that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
+   A new design (`set_design`: lookahead, staleness bound, step or finish-order batches) takes
+   effect from the next admission and the next batch.
 
 Invariants (tests/steps/test_stepcore.py): every started trajectory is trained exactly once or
 dropped with a reason; steps are trained in order and a step never starts more than
@@ -38,6 +40,7 @@ request of a removed instance.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -133,6 +136,7 @@ class StepCore:
         self._ready_groups: list[tuple[int, str]] = []
         self._group_left: dict[tuple[int, str], int] = {}
         self._batch_step: Step | None = None
+        self._to_step_batches = False  # finish-order batches until the admitted steps are drained (`set_design`)
 
     @property
     def done(self) -> bool:
@@ -146,6 +150,8 @@ class StepCore:
     def next_admissible(self) -> int | None:
         """The step that may be admitted now, or None (the trainer is behind, or a layout change runs)."""
         s = self.admitted
+        if self._drained_to_step_batches():  # finish-order groups still in flight before step batches start
+            return None
         if s < self.cfg.num_steps and s <= self.trained + self.cfg.lookahead and self.reconfiguring is None:
             return s
         return None
@@ -313,6 +319,7 @@ class StepCore:
             st, self._batch_step = self._batch_step, None
         else:
             st = self.steps.pop(batch.step)
+            self._ready_groups = [k for k in self._ready_groups if k[0] != batch.step]  # only finish order reads them
         fins = [st.done[rid] for rid in batch.request_ids]
         row = self._row(st, fins, now, sync_s)
         stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=row.train_s if self._stepped else 0.0, sync_s=sync_s,
@@ -399,6 +406,29 @@ class StepCore:
                                     else req.instance_id))
         self.parked.clear()
         return adds
+
+    def set_design(self, *, lookahead: int, max_staleness: int, batch_by_finish: bool) -> None:
+        """Run on another design from the next admission (libra's planner chose it: scheduler/design.py).
+
+        A lower lookahead holds admission until the trainer catches up. Step batches become
+        finish-order ones at once (the complete groups of the steps in flight are the first ready).
+        Finish-order batches become step batches once the admitted steps are drained: admission
+        waits until every admitted group is trained (their steps are partly trained already), then
+        the next admitted step is the next batch."""
+        self._to_step_batches = self.cfg.batch_by_finish and not batch_by_finish
+        if batch_by_finish and not self.cfg.batch_by_finish:
+            self._ready_groups = [k for k in self._ready_groups if k[0] in self.steps]
+        self.cfg = dataclasses.replace(self.cfg, lookahead=lookahead, max_staleness=max_staleness,
+                                       batch_by_finish=batch_by_finish or self.cfg.batch_by_finish)
+        self._drained_to_step_batches()
+
+    def _drained_to_step_batches(self) -> bool:
+        """Whether a switch to step batches still waits for admitted finish-order groups (`set_design`)."""
+        if self._to_step_batches and not self.steps and self._training is None:
+            self._to_step_batches = False
+            self._ready_groups.clear()
+            self.cfg = dataclasses.replace(self.cfg, batch_by_finish=False)
+        return self._to_step_batches
 
     def add_reconfig_s(self, seconds: float) -> None:
         """Time a layout change cost; the next step's row reports it."""

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from scheduler.costmodel import get_cost_model
-from scheduler.design import DesignSpace, rank_designs
+from scheduler.design import DesignSpace, finish_order_sample, rank_designs
 from scheduler.layout import BucketsConfig
 from scheduler.layout_model import Workload
 
@@ -32,22 +32,22 @@ def _space(**kw) -> DesignSpace:
 
 def test_every_candidate_validates_and_stays_within_the_lag_bounds():
     for bounds in ((0, 1, 2, 4), (0, 1), (1,), (0,)):
-        ranked = rank_designs(A800_14B, _space(lag_bounds=bounds), _long_tail())
+        ranked = rank_designs(A800_14B, _space(lag_bounds=bounds), _long_tail(), 20)
         assert ranked and all(d.lag in bounds for d in ranked)
         for d in ranked:
             d.role_map.validate()
             assert d.role_map.colocated == (d.system in ("colocate", "libra-hybrid"))
             assert d.step_s > 0
-        assert [d.rate for d in ranked] == sorted((d.rate for d in ranked), reverse=True)
+        assert [d.time_for(20) for d in ranked] == sorted(d.time_for(20) for d in ranked)
 
 
 def test_without_a_lag_price_the_rate_is_the_inverse_step_time():
-    for d in rank_designs(A800_14B, _space(gamma=1.0), _long_tail()):
+    for d in rank_designs(A800_14B, _space(gamma=1.0), _long_tail(), 20):
         assert d.rate == pytest.approx(1 / d.step_s)
 
 
 def test_a_dear_lag_makes_the_on_policy_design_first():
-    ranked = rank_designs(A800_14B, _space(gamma=0.05), _long_tail())
+    ranked = rank_designs(A800_14B, _space(gamma=0.05), _long_tail(), 20)
     assert ranked[0].lag == 0 and ranked[0].system == "colocate"
 
 
@@ -55,7 +55,7 @@ def test_cheaper_staleness_never_ranks_a_laggier_design_lower():
     wl = _long_tail()
     order = {}
     for gamma in (0.5, 0.7, 0.88, 1.0):
-        ranked = rank_designs(A800_14B, _space(gamma=gamma), wl)
+        ranked = rank_designs(A800_14B, _space(gamma=gamma), wl, 20)
         order[gamma] = {(d.system, d.lag, d.label): i for i, d in enumerate(ranked)}
     for lo, hi in ((0.5, 0.7), (0.7, 0.88), (0.88, 1.0)):
         for a in order[lo]:
@@ -65,18 +65,26 @@ def test_cheaper_staleness_never_ranks_a_laggier_design_lower():
                     assert order[hi][a] < order[hi][b], (a, b, lo, hi)
 
 
-def test_finish_order_is_never_slower_than_step_batches_on_the_same_layout_and_bound():
-    by = {}
-    for d in rank_designs(A800_14B, _space(), _long_tail()):
-        by[d.system, d.lag] = d
-    for lag in (1, 2, 4):
-        step, finish = by["libra", lag], by["libra-partial", lag]
-        assert finish.role_map == step.role_map and finish.step_s <= step.step_s
+def test_a_finish_order_batch_waits_for_a_shorter_sample_the_more_lag_it_allows():
+    wl = _long_tail()
+    caps = [max(finish_order_sample(wl, lag, 8).trajectory_tokens) for lag in (1, 2, 4)]
+    assert caps[0] >= caps[1] >= caps[2] and caps[0] < max(wl.trajectory_tokens)
+    lens = sorted(wl.trajectory_tokens)
+    assert caps[0] == lens[int(0.5 ** (1 / 8) * len(lens))]  # the median group's slowest sample: ~p92
+    assert max(finish_order_sample(wl, 1, 1).trajectory_tokens) == lens[len(lens) // 2]  # groups of one: the median
+
+
+def test_the_pipeline_fill_counts_once_and_less_the_longer_the_run():
+    d = rank_designs(A800_14B, _space(), _long_tail(), 20)[0]
+    assert d.time_for(1) == pytest.approx(d.fill_s + max(0.0, 1 / d.gamma ** d.lag - 1) * d.step_s)
+    assert d.time_for(10, filled=True) == pytest.approx(10 / d.gamma ** d.lag * d.step_s)
+    short, long_ = d.time_for(2) / 2, d.time_for(200) / 200
+    assert (short > long_) == (d.fill_s > d.step_s / d.gamma ** d.lag)
 
 
 def test_a_long_tail_pays_for_dropping_the_batch_barrier():
     """The tail holds a step-batched split's batch; finish-order batches or a time-shared hybrid don't wait for it."""
-    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), _long_tail(seed=1))
+    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), _long_tail(seed=1), 20)
     assert ranked[0].system in ("libra-partial", "libra-hybrid")
     by = {(d.system, d.lag): d for d in ranked}
     assert by["libra-partial", 1].step_s < by["libra", 1].step_s
@@ -85,12 +93,12 @@ def test_a_long_tail_pays_for_dropping_the_batch_barrier():
 def test_without_a_tail_and_with_heavy_training_every_rank_should_do_both():
     """Identical short trajectories and four trainer passes: any split idles one side, colocated ranks do not."""
     wl = _workload([1500] * 128, train_factor=4.0)
-    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), wl)
+    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), wl, 20)
     assert ranked[0].role_map.colocated, [d.label for d in ranked[:4]]
 
 
 def test_no_design_fits_gives_the_bounds_and_the_fix():
     with pytest.raises(ValueError, match="lag_bounds=\\(0,\\).*allowed_tp=\\(4,\\).*6 ranks"):
-        rank_designs(A800_14B, dataclasses.replace(_space(lag_bounds=(0,), allowed_tp=(4,)), world_size=6), _long_tail())
+        rank_designs(A800_14B, dataclasses.replace(_space(lag_bounds=(0,), allowed_tp=(4,)), world_size=6), _long_tail(), 20)
     with pytest.raises(ValueError, match="gamma=1.5 must be in"):
         _space(gamma=1.5)

@@ -396,3 +396,59 @@ def test_signal_tokens_reach_the_planner_only_when_every_trajectory_has_one():
     c.on_trained(train_s=0.3)
     c.end_step(1.5, sync_s=0.1)
     assert planner.stats[0].signal_tokens == () and planner.stats[0].trajectory_tokens == (50, 50)
+
+
+def _admit_groups(c, now, groups=2):
+    s = c.next_admissible()
+    return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
+                                  prompt_tokens=10) for g in range(groups) for i in range(2)], now)
+
+
+def _train(c, now):
+    batch = c.take_batch(now)
+    c.on_trained(train_s=1.0)
+    return batch, c.end_step(now + 1, sync_s=0.0).row
+
+
+def test_step_batches_become_finish_order_ones_at_once():
+    """libra's planner switched design: the complete groups of the steps in flight are the first ready."""
+    c = make_core(steps=4, lookahead=1)
+    for _ in range(2):
+        _admit_groups(c, 0.0)
+    for rid in ("s0-g0-0", "s0-g0-1", "s0-g1-0", "s0-g1-1", "s1-g1-0", "s1-g1-1"):
+        finish(c, rid, 1.0)
+    _, row = _train(c, 2.0)  # step 0, a step batch
+    assert row.step == 1 and row.trajectories == 4
+    c.set_design(lookahead=2, max_staleness=2, batch_by_finish=True)
+    assert c.next_admissible() == 2  # lookahead 2 now
+    _admit_groups(c, 3.0)
+    for rid in ("s2-g0-0", "s2-g0-1"):
+        finish(c, rid, 4.0)
+    batch, row = _train(c, 5.0)  # s1-g1 (complete before the switch) and s2-g0, not s1-g0 still running
+    assert set(batch.request_ids) == {"s1-g1-0", "s1-g1-1", "s2-g0-0", "s2-g0-1"} and row.step == 2
+
+
+def test_finish_order_batches_drain_before_step_batches_start():
+    c = StepCore(CoreConfig(num_steps=5, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), None, layout())
+    c.start(0.0)
+    _admit_groups(c, 0.0)
+    _admit_groups(c, 0.0)
+    for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1"):
+        finish(c, rid, 1.0)
+    _train(c, 2.0)  # s0-g0 + s1-g1: both admitted steps are partly trained
+    c.set_design(lookahead=0, max_staleness=1, batch_by_finish=False)
+    assert c.cfg.batch_by_finish and c.next_admissible() is None  # the groups in flight go first, in finish order
+    for rid in ("s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"):
+        finish(c, rid, 3.0)
+    batch, row = _train(c, 4.0)
+    assert set(batch.request_ids) == {"s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"} and row.step == 2
+    assert c.next_admissible() == 2 and not c.cfg.batch_by_finish  # drained: step batches, on-policy
+    _admit_groups(c, 5.0)
+    assert c.next_admissible() is None  # lookahead 0
+    for i in range(2):
+        for g in range(2):
+            finish(c, f"s2-g{g}-{i}", 6.0, version=2)  # generated on the weights after two updates: fresh
+    batch, row = _train(c, 7.0)
+    assert batch.step == 2 and row.step == 3 and len(batch.request_ids) == 4
+    c.cancel_all(8.0)
+    assert c.ledger.counts()["trained"] == 12

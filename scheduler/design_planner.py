@@ -1,0 +1,126 @@
+"""Libra's planner over designs: the design in force, re-chosen once the run has measured its lengths.
+
+Before step 1 the design comes from the bench's prior (`scheduler/design.py` ranks the designs);
+a prior can misjudge a workload (no tail where the bench has one, short trajectories, heavy
+training). So the design is checked against the run's own sample:
+
+Algorithm (`DesignPlanner.on_step_end`):
+1. Within a design, its own planner re-plans (a split's `GlobalPlanner`; a colocated design
+   has none) and its forecast is the one the rows report.
+2. At the first length sample (`min_history_trajectories` finished trajectories, as the split
+   planner's first re-plan) every design reachable from the one in force is ranked on the
+   measured workload. The best one replaces the design in force when the time it takes to make
+   the progress of the steps left (less those already admitted), with its pipeline fill and the
+   switch's cost, beats the current design's (already filled, and scaled by how far its own
+   measured steps were from the model: `measured_scale`) by `min_gain_ratio`. The switch's
+   cost: (the cost model's hand-off plus the drain of tool calls in flight, as the split
+   planner prices a switch); the new design's first step refills the pipeline (leaving
+   finish-order batches first drains the groups in flight, `StepCore.set_design`: that bubble is
+   the refill's). The current design's figure comes from the same ranking: its
+   system and lag, and for a colocated one its TP (a split's is its planner's best split, which
+   it would move to anyway).
+3. One more check once the design in force has run `MEASURED_ENDS` steps: its periods after the
+   first now calibrate it (the first step alone misjudged a finish-order split by 20%: its fill
+   was as predicted, its later steps 1.26x). Then no more: drift within a design is its
+   planner's to follow.
+
+Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
+at most two checks; a switch that
+cannot pay for itself in the steps left is refused; the decision carries the new design's
+lookahead, staleness bound and batching, and a validated role map.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from scheduler.api import PlanDecision, StepStats
+from scheduler.costmodel import CostModel
+from scheduler.design import Design, DesignSpace, rank_designs
+from scheduler.layout_model import Workload
+from scheduler.layout_search import switch_of
+from scheduler.planner import PlannerConfig
+
+logger = logging.getLogger(__name__)
+MEASURED_ENDS = 3  # step ends on a design before its periods (the first is its fill) calibrate it
+
+def same_design(a: Design, b: Design) -> bool:
+    """The same system and lag, and for a colocated layout the same TP (a split's layout is its planner's to change)."""
+    if (a.system, a.lag) != (b.system, b.lag):
+        return False
+    return not a.role_map.colocated or a.role_map.instances[0].tp == b.role_map.instances[0].tp
+
+
+class DesignPlanner:
+    """Implements the `Planner` protocol of scheduler/api.py for libra (module docstring)."""
+
+    def __init__(self, cm: CostModel, space: DesignSpace, design: Design, remaining_steps: int, *,
+                 cfg: PlannerConfig | None, planner_for: Callable[[Design, int], object | None], lookahead: int) -> None:
+        """`planner_for(design, remaining_steps)`: the planner within a design (None for a colocated one);
+        `lookahead`: the steps the core admits ahead of the trainer on the design in force."""
+        self.cm, self.space, self.cfg = cm, space, cfg or PlannerConfig()
+        self.design, self.remaining_steps, self.lookahead = design, remaining_steps, lookahead
+        self._planner_for = planner_for
+        self.inner = planner_for(design, remaining_steps)
+        self._history: list[StepStats] = []
+        self._ends: list[float] = []  # when each step of the design in force ended (its measured periods)
+        self.checks = 0  # re-checks made (module docstring, 2-3)
+
+    @property
+    def forecast_step_s(self) -> float | None:
+        return self.inner.forecast_step_s if self.inner is not None else None
+
+    def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
+        self.remaining_steps -= 1
+        self._history = (self._history + [stats])[-self.cfg.history_steps:]
+        self._ends.append(now)
+        sampled = sum(len(s.trajectory_tokens) for s in self._history) >= self.cfg.min_history_trajectories
+        if sampled and (self.checks == 0 or self.checks == 1 and len(self._ends) >= MEASURED_ENDS):
+            self.checks += 1
+            decision = self._rechoose(stats)
+            if decision is not None:
+                return decision
+        return self.inner.on_step_end(stats, now) if self.inner is not None else None
+
+    def measured_scale(self, current: Design) -> float:
+        """Measured over predicted time of the design in force: its steps after the first against its step
+        time, else its first step (rollout, training and sync, nothing overlapped) against its fill."""
+        if len(self._ends) >= MEASURED_ENDS:
+            periods = [b - a for a, b in zip(self._ends[1:], self._ends[2:])]
+            measured, predicted = sum(periods) / len(periods), current.step_s
+        else:
+            first = self._history[0]
+            measured, predicted = first.rollout_s + first.train_s + first.sync_s, current.fill_s
+        return min(2.0, max(0.5, measured / predicted)) if measured > 0 and predicted > 0 else 1.0
+
+    def _rechoose(self, stats: StepStats) -> PlanDecision | None:
+        wl = Workload.from_stats(self._history)
+        steps = max(0, self.remaining_steps - self.lookahead)  # run on whatever design is chosen now
+        ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
+        current = next((d for d in ranked if same_design(d, self.design)), None)
+        best = ranked[0]
+        if current is None or same_design(best, current):
+            return None
+        scale = self.measured_scale(current)
+        rm_now = stats.role_map or self.design.role_map
+        switch = switch_of(rm_now, best.role_map)
+        drain = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
+        cost = self.cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=self.space.world_size) + drain
+        stay = current.time_for(steps, filled=True) * scale  # as measured
+        move = best.time_for(steps) + cost  # a switch refills the pipeline
+        if stay < move * (1 + self.cfg.min_gain_ratio):
+            logger.info("planner keeps the design %s: %s would take %.1fs (the switch's %.1fs included) for the "
+                        "progress of the %d step(s) left, against %.1fs", self.design.label, best.label, move, cost,
+                        steps, stay)
+            return None
+        reason = (f"design on the measured lengths: {best.label} takes {move:.1f}s (the switch's {cost:.1f}s and a "
+                  f"pipeline fill included) for the progress of the {steps} step(s) left, against {stay:.1f}s for "
+                  f"{self.design.label}")
+        logger.info("planner %s", reason)
+        self.design, self.lookahead, self._ends = best, best.lookahead, []
+        self.inner = self._planner_for(best, self.remaining_steps)
+        return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s, current_step_s=current.step_s,
+                            reconfig_s=cost, reason=reason, details={"design": best.label},
+                            lookahead=best.lookahead, max_staleness=max(1, best.lag),
+                            batch_by_finish=not best.step_batched)

@@ -1,0 +1,85 @@
+"""Libra's planner over designs (scheduler/design_planner.py): the design is re-checked on the run's own
+lengths, at most twice, and a switch must pay for itself in the steps left."""
+
+import random
+
+from scheduler.api import StepStats
+from scheduler.costmodel import get_cost_model
+from scheduler.design import DesignSpace, rank_designs
+from scheduler.design_planner import MEASURED_ENDS, DesignPlanner, same_design
+from scheduler.layout import BucketsConfig
+from scheduler.layout_model import Workload
+from scheduler.planner import PlannerConfig
+from scheduler.systems import make_planner
+
+A800_14B = get_cost_model("a800", "qwen3-14b")
+SPACE = DesignSpace(world_size=16, buckets=BucketsConfig(max_tokens=(4096, 12288)).buckets(), lag_bounds=(0, 1))
+
+
+def _lengths(n, *, tail: bool, seed=0):
+    rng = random.Random(seed)
+    return [int(2000 * (rng.lognormvariate(0, 1.2) if tail else 1.0)) + 300 for _ in range(n)]
+
+
+def _workload(lengths, train_factor=1.0):
+    return Workload(trajectory_tokens=tuple(lengths), num_trajectories=len(lengths), train_tokens=sum(lengths) * train_factor,
+                    decode_frac=0.8, signal_tokens=tuple(min(x, 1024) for x in lengths))
+
+
+def _planner(design, steps=20, cfg=None):
+    def planner_for(d, remaining):
+        return make_planner(d.system, 16, A800_14B, remaining, current=d.role_map, max_staleness=max(1, d.lag))
+    return DesignPlanner(A800_14B, SPACE, design, steps, cfg=cfg or PlannerConfig(min_history_trajectories=128),
+                         planner_for=planner_for, lookahead=design.lookahead)
+
+
+def _stats(design, lengths, step, *, step_s, train_factor=1.0, tool_s=1.0):
+    wl = _workload(lengths, train_factor)
+    return StepStats(step=step, rollout_s=step_s * 0.7, train_s=step_s * 0.3, trajectory_tokens=wl.trajectory_tokens,
+                     decode_tokens=tuple(int(x * 0.8) for x in lengths), signal_tokens=wl.signal_tokens,
+                     tool_latency_s=(tool_s,), train_tokens=int(wl.train_tokens), role_map=design.role_map)
+
+
+def _worst_design(wl):
+    return rank_designs(A800_14B, SPACE, wl, 20)[-1]
+
+
+def test_no_switch_before_the_first_length_sample_and_at_most_two_checks():
+    tail = _lengths(128, tail=True)
+    worst = _worst_design(_workload(tail))
+    planner = _planner(worst)
+    assert planner.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0), 500.0) is None and planner.checks == 0
+    decision = planner.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0), 1000.0)
+    assert planner.checks == 1 and decision is not None  # the worst design priced: any better one pays here
+    new = planner.design
+    assert not same_design(new, worst) and decision.role_map == new.role_map
+    assert (decision.lookahead, decision.max_staleness, decision.batch_by_finish) == (
+        new.lookahead, max(1, new.lag), not new.step_batched)
+    decision.role_map.validate()
+    t = 1000.0
+    for step in range(2, 2 + 3 * MEASURED_ENDS):  # one more check once the new design has run; then none
+        t += 300.0
+        planner.on_step_end(_stats(new, tail, step, step_s=300.0), t)
+    assert planner.checks == 2
+
+
+def test_a_switch_that_cannot_pay_in_the_steps_left_is_refused():
+    tail = _lengths(128, tail=True)
+    worst = _worst_design(_workload(tail))
+    planner = _planner(worst, steps=2)  # no step left after the sample
+    planner.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0), 500.0)
+    assert planner.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0), 1000.0) is None
+    assert planner.checks == 1 and same_design(planner.design, worst)
+    slow_tools = _planner(worst)  # a switch waits for the longest tool call in flight: a day's drain
+    slow_tools.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0, tool_s=86400.0), 500.0)
+    assert slow_tools.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=86400.0), 1000.0) is None
+    assert slow_tools.checks == 1 and same_design(slow_tools.design, worst)
+
+
+def test_the_best_design_stays():
+    flat = _lengths(128, tail=False)
+    best = rank_designs(A800_14B, SPACE, _workload(flat, 4.0), 20)[0]
+    planner = _planner(best)
+    for step in range(4):
+        planner.on_step_end(_stats(best, flat, step, step_s=best.step_s, train_factor=4.0), best.fill_s + step * best.step_s)
+    assert same_design(planner.design, best) and planner.checks == 2
