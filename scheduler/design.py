@@ -67,6 +67,7 @@ MEASURED_LAG_GAMMA = 0.88
 MEASURED_LAG_SOURCE = "bench.convergence --lags 0,1,2,4 (decoupled PPO): tiny 0.878 (8 seeds), SmolLM2 0.895 (2 seeds)"
 
 LAG_BOUNDS = (0, 1, 2, 4)  # trained-lag bounds the planner may choose (0: on-policy), the peers' range
+DESIGN_FAMILIES = ("libra", "libra-partial", "colocate", "libra-hybrid")  # the SYSTEMS entries a design runs as
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class DesignSpace:
     lag_bounds: tuple[int, ...] = LAG_BOUNDS
     gamma: float = MEASURED_LAG_GAMMA
     group_size: int = 8  # GRPO samples per prompt: a finish-order batch is complete groups
+    families: tuple[str, ...] = DESIGN_FAMILIES  # the designs allowed
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -192,8 +194,9 @@ def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) ->
     """Every candidate design with its predicted step times, first to `steps` steps' worth of progress first
     (module docstring)."""
     out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma)
-           for s, lag, rm, step_s, fill_s in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))]
+           for s, lag, rm, step_s, fill_s in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))
+           if s in space.families]
     if not out:
-        raise ValueError(f"rank_designs: no design fits lag_bounds={space.lag_bounds} and allowed_tp={space.allowed_tp} "
-                         f"on {space.world_size} ranks; allow lag 1 or a TP that divides the world size")
+        raise ValueError(f"rank_designs: no design of {space.families} fits lag_bounds={space.lag_bounds} and allowed_tp="
+                         f"{space.allowed_tp} on {space.world_size} ranks; allow lag 1 or a TP that divides the world size")
     return [d for _, d in sorted(enumerate(out), key=lambda x: (x[1].time_for(steps), x[0]))]

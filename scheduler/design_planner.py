@@ -19,6 +19,8 @@ Algorithm (`DesignPlanner.on_step_end`):
    the refill's). The current design's figure comes from the same ranking: its
    system and lag, and for a colocated one its TP (a split's is its planner's best split, which
    it would move to anyway).
+   `--planner.design FAMILY` allows that family only: the run moves to its best design at the
+   first check whatever the price (an ablation, and how a real run is made to switch in tests).
 3. One more check once the design in force has run `MEASURED_ENDS` steps: its periods after the
    first now calibrate it (the first step alone misjudged a finish-order split by 20%: its fill
    was as predicted, its later steps 1.26x). Then no more: drift within a design is its
@@ -33,6 +35,7 @@ lookahead, staleness bound and batching, and a validated role map.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 from scheduler.api import PlanDecision, StepStats
@@ -98,16 +101,17 @@ class DesignPlanner:
         wl = Workload.from_stats(self._history)
         steps = max(0, self.remaining_steps - self.lookahead)  # run on whatever design is chosen now
         ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
-        current = next((d for d in ranked if same_design(d, self.design)), None)
+        current = next((d for d in ranked if same_design(d, self.design)), None)  # None: a family not allowed
         best = ranked[0]
-        if current is None or same_design(best, current):
+        if current is not None and same_design(best, current):
             return None
-        scale = self.measured_scale(current)
+        scale = self.measured_scale(current) if current is not None else 1.0
         rm_now = stats.role_map or self.design.role_map
         switch = switch_of(rm_now, best.role_map)
         drain = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
         cost = self.cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=self.space.world_size) + drain
-        stay = current.time_for(steps, filled=True) * scale  # as measured
+        # the design in force is none the planner may keep (`--planner.design` names another): it moves
+        stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
         move = best.time_for(steps) + cost  # a switch refills the pipeline
         if stay < move * (1 + self.cfg.min_gain_ratio):
             logger.info("planner keeps the design %s: %s would take %.1fs (the switch's %.1fs included) for the "
@@ -116,11 +120,13 @@ class DesignPlanner:
             return None
         reason = (f"design on the measured lengths: {best.label} takes {move:.1f}s (the switch's {cost:.1f}s and a "
                   f"pipeline fill included) for the progress of the {steps} step(s) left, against {stay:.1f}s for "
-                  f"{self.design.label}")
+                  f"{self.design.label}" if current is not None else
+                  f"design {best.label}, as --planner.design {best.system} asks (from {self.design.label})")
         logger.info("planner %s", reason)
         self.design, self.lookahead, self._ends = best, best.lookahead, []
         self.inner = self._planner_for(best, self.remaining_steps)
-        return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s, current_step_s=current.step_s,
+        return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,
+                            current_step_s=current.step_s if current is not None else math.nan,
                             reconfig_s=cost, reason=reason, details={"design": best.label},
                             lookahead=best.lookahead, max_staleness=max(1, best.lag),
                             batch_by_finish=not best.step_batched)

@@ -18,17 +18,21 @@ Initial layouts (`initial_role_map`), for world_size G >= 2 and trainer share f:
 
 Invariants (tests/scheduler/test_scheduler_systems.py): every name of docs/design.md is present; every initial
 role map validates for G in 2..1024; heterogeneous systems get a TP >= 2 instance once R >= 3;
-`make_planner` returns None exactly for the systems without a planner.
+`make_planner` returns None exactly for the systems without a planner, and libra's is the design
+planner where the cost model prices a split.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from scheduler.api import Router
 from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import CostModel
+from scheduler.design import DESIGN_FAMILIES, LAG_BOUNDS, MEASURED_LAG_GAMMA, Design, DesignSpace
+from scheduler.design_planner import DesignPlanner
 from scheduler.layout import VALID_TP, Bucket, BucketsConfig, RoleMap, colocated_role_map, split_role_map
 from scheduler.planner import GlobalPlanner, PlannerConfig
 from scheduler.routers import LAMLFQRouter, LeastLoadRouter, LengthAwareRouter, RouterConfig
@@ -186,12 +190,35 @@ def lookahead_of(system: str, max_staleness: int, *, colocated: bool | None = No
 
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,
                  cfg: PlannerConfig | None = None, current: RoleMap | None = None,
-                 buckets: BucketsConfig | None = None, max_staleness: int = 1) -> GlobalPlanner | None:
+                 buckets: BucketsConfig | None = None, max_staleness: int = 1, *, group_size: int = 8,
+                 design: Design | None = None, gamma: float = MEASURED_LAG_GAMMA, within_design: bool = False):
     """The system's planner (None when it has none), its flags forced from the system spec and its
-    step model told how far the pipeline runs ahead (`lookahead_of`)."""
+    step model told how far the pipeline runs ahead (`lookahead_of`).
+
+    For a system that chooses its design (libra) on a cost model that can price a split: the
+    `DesignPlanner` over the design in force (`design`, the one chosen on the bench's prior; None:
+    the split of `current` at lag `max_staleness`), its lag bounded by `max_staleness` and priced
+    at `gamma` per version, whose planner within a split design is the `GlobalPlanner`
+    (`within_design`: that one)."""
     spec = get_system(system)
     if not spec.planner:
         return None
-    cfg = dataclasses.replace(cfg or PlannerConfig(), heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
+    cfg = cfg or PlannerConfig()
+    if spec.chooses_design and cost_model.prices_split and current is not None and not within_design:
+        buckets = buckets or BucketsConfig()
+        space = DesignSpace(world_size=world_size, buckets=buckets.buckets(), allowed_tp=cfg.allowed_tp,
+                            max_batch=cfg.max_batch, group_size=group_size, gamma=gamma,
+                            lag_bounds=tuple(x for x in LAG_BOUNDS if x <= max_staleness),
+                            families=DESIGN_FAMILIES if cfg.design == "auto" else (cfg.design,))
+        # a colocated layout in force (a resumed run that had moved to one) runs time-shared at this lookahead
+        design = design or Design(system="libra-hybrid" if current.colocated else system, lag=max_staleness,
+                                  role_map=current, step_s=math.nan, fill_s=math.nan, gamma=space.gamma)
+
+        def planner_for(d: Design, remaining: int):
+            return make_planner(d.system, world_size, cost_model, remaining, cfg, current=d.role_map, buckets=buckets,
+                                max_staleness=max(1, d.lag), within_design=True)
+        return DesignPlanner(cost_model, space, design, remaining_steps, cfg=cfg, planner_for=planner_for,
+                             lookahead=design.lookahead)
+    cfg = dataclasses.replace(cfg, heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
     return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current, buckets=buckets,
                          lookahead=lookahead_of(system, max_staleness))

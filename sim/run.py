@@ -36,7 +36,7 @@ from pathlib import Path
 from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
-from scheduler.design import LAG_BOUNDS, Design, DesignSpace, rank_designs
+from scheduler.design import DESIGN_FAMILIES, LAG_BOUNDS, Design, DesignSpace, rank_designs
 from scheduler.design_planner import DesignPlanner
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
@@ -108,12 +108,9 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     pcfg = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)
     design = choose_design(cfg, cost, buckets) if spec.chooses_design and not clairvoyant else None
     if design is not None:
-        def planner_for(d: Design, remaining: int):
-            return sysmod.make_planner(d.system, cfg.num_devices, cost, remaining, cfg=pcfg, current=d.role_map,
-                                       buckets=buckets, max_staleness=max(1, d.lag))
-
-        planner = DesignPlanner(cost, design_space(cfg, buckets), design, cfg.steps, cfg=pcfg, planner_for=planner_for,
-                                lookahead=design.lookahead)
+        planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=design.role_map,
+                                      buckets=buckets, max_staleness=cfg.max_staleness,
+                                      group_size=cfg.samples_per_prompt, design=design, gamma=cfg.lag_gamma)
         return SystemParts(router=sysmod.make_router(design.system, rcfg), role_map=design.role_map, planner=planner,
                            lookahead=design.lookahead, colocated=design.role_map.colocated,
                            batch_by_finish=not design.step_batched, max_staleness=max(1, design.lag), design=design.label)
@@ -131,7 +128,8 @@ def design_space(cfg: SimConfig, buckets: BucketsConfig) -> DesignSpace:
     planner may choose less lag, never more."""
     return DesignSpace(world_size=cfg.num_devices, buckets=buckets.buckets(), allowed_tp=cfg.planner.allowed_tp,
                        max_batch=cfg.max_seqs_per_instance, gamma=cfg.lag_gamma, group_size=cfg.samples_per_prompt,
-                       lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness))
+                       lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness),
+                       families=DESIGN_FAMILIES if cfg.planner.design == "auto" else (cfg.planner.design,))
 
 
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:

@@ -28,13 +28,16 @@ def test_flags_override_the_cpu_preset():
 
 
 def test_derived_fields_follow_their_source():
-    cfg = parse_args(["--step.max-staleness", "2", "--rollout.temperature", "0.7"], device_kind_of=lambda d: "cpu")
+    cfg = parse_args(["--step.max-staleness", "2", "--rollout.temperature", "0.7", "--system", "libra-no-design"],
+                     device_kind_of=lambda d: "cpu")
     assert (cfg.trainer.max_staleness, cfg.trainer.temperature) == (2, 0.7)
     assert "--trainer.max-staleness" not in build_parser().format_help()
     # finish-order peers bound staleness at admission (AReaL): their trainer takes a long group's lag
-    for system, bound in (("fully-async", None), ("partial-rollout", None), ("verl-async", 2), ("libra", 2)):
-        cfg = parse_args(["--system", system, "--step.max-staleness", "2"], device_kind_of=lambda d: "cpu")
-        assert cfg.trainer.max_staleness == bound, system
+    # and so does libra where its planner may move to finish-order batches (scheduler/design_planner.py)
+    for system, bound, *more in (("fully-async", None), ("partial-rollout", None), ("verl-async", 2), ("libra", None),
+                                 ("libra-no-design", 2), ("libra", 2, "--planner.design", "colocate")):
+        cfg = parse_args(["--system", system, "--step.max-staleness", "2", *more], device_kind_of=lambda d: "cpu")
+        assert cfg.trainer.max_staleness == bound, (system, more)
 
 
 @pytest.mark.parametrize("argv, demo_turns", [
@@ -64,6 +67,8 @@ def test_resolved_config_round_trips(tmp_path):
     (["--sync.bucket-size-mb", "0"], r"--sync.bucket-size-mb 0.0 must be > 0"),
     (["--launch.start-method", "fork"], r"must be forkserver or spawn"),
     (["--rollout.top-p", "0"], r"--rollout.top-p 0.0: RolloutConfig.top_p=0.0 must be in \(0, 1\]"),
+    (["--planner.design", "split"], r"--planner.design 'split': PlannerConfig: design='split' is none of \('auto', 'libra', "
+                                    r"'libra-partial', 'colocate', 'libra-hybrid'\); auto lets the planner choose"),
     (["--buckets.max-tokens", "200,100"], r"--buckets.max-tokens \(200, 100\): BucketsConfig: max_tokens=\(200, 100\) must be positive and strictly increasing"),
 ])
 def test_bad_values_name_the_flag_and_the_fix(argv, message):

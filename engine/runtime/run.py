@@ -187,7 +187,8 @@ def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None) -> 
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model, remaining, cfg.planner,
-                           current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness)
+                           current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness,
+                           group_size=cfg.step.samples_per_prompt)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
                             get_system(cfg.run.system))
 
