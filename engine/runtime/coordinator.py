@@ -159,6 +159,8 @@ class Coordinator:
                 self.core.on_export_failed(rid)
             case msg.Ready() | msg.Trained() | msg.Synced() | msg.Saved():
                 self.replies.append(message)
+            case msg.LogLine(text):
+                self.view.print_line(text)
             case _:
                 raise RuntimeError(f"coordinator: unexpected {type(message).__name__} from rank {src}")
 
@@ -213,6 +215,7 @@ class Coordinator:
         """A stop signal reached this process (the launcher forwards its own): end the run now."""
         signame = stop_requested()
         if signame:
+            self.view.close()  # the stop notice and what follows are not drawn over by the panel
             log.warning("[libra] %s: stopping after step %d of %d; writing its checkpoint, the trace and the summary",
                         signame, self.core.trained, self.cfg.run.steps)
         return signame is not None

@@ -193,6 +193,14 @@ class Saved:
     error: str = ""  # the write failed (disk full, permissions): why
 
 
+@dataclass(frozen=True)
+class LogLine:
+    """A worker's log line, printed by the coordinator: on a terminal its live panel would draw over a line another
+    process wrote (engine/runtime/view.py), so a worker sends its lines there instead."""
+
+    text: str  # formatted as the worker's own handler would have written it
+
+
 TO_WORKER = (Add, Export, Cancel, EnvResult, Train, Sync, Save, ApplyRoleMap, Stop)
-TO_COORDINATOR = (Ready, Events, Exported, ExportFailed, EnvCall, Trained, Synced, Saved)
+TO_COORDINATOR = (Ready, Events, Exported, ExportFailed, EnvCall, Trained, Synced, Saved, LogLine)
 COLLECTIVE = (Train, Sync, Save, ApplyRoleMap, Stop)

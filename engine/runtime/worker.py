@@ -49,6 +49,7 @@ from engine.runtime.groups import GroupManager, Groups
 from engine.runtime.launch import RankContext
 from engine.precision import precision_for
 from engine.runtime.protocol import COORDINATOR, WORKER_OFFSET, EnvOp, Tick, to_global, to_worker
+from engine.runtime.view import ToCoordinator
 from engine.runtime.weights import WeightReceiver, WeightSender, manifest
 from scheduler.systems import get_system
 
@@ -418,4 +419,9 @@ def worker_main(ctx: RankContext, cfg, role_map, handoff: str | None = None, out
     ctx.set_role(f"worker:{to_worker(ctx.rank)}")
     worker = Worker(ctx, cfg, ctx.device)  # bound by the launcher before the default group existed
     worker.rank_file = Path(out_dir) / "ranks" / f"rank{ctx.rank}.json" if out_dir else None
-    return worker.run(role_map, handoff)
+    # on a terminal rank 0 draws a live panel: this rank's log lines are printed by it, above the panel
+    swapped = ToCoordinator.install(lambda text: ctx.mailbox.send(COORDINATOR, msg.LogLine(text)))
+    try:
+        return worker.run(role_map, handoff)
+    finally:
+        ToCoordinator.restore(swapped)
