@@ -40,11 +40,12 @@ Algorithm (`rank_designs`):
 
 `scheduler/design_planner.py` re-checks the choice once the run has measured its own lengths.
 
-Invariants (tests/scheduler/test_design.py): gamma = 1 makes the rate the inverse step time; the
-pipeline's fill counts once and matters less the longer the run; a
-higher gamma never ranks a laggier design lower; without a tail a colocated design beats a split
-one when training dominates; a finish-order step is never slower than the step-batched one of the
-same layout and bound; every candidate's role map validates.
+Invariants (tests/scheduler/test_design.py): every candidate's role map validates and its lag is
+within the bounds; gamma = 1 makes the rate the inverse step time; a dear lag puts on-policy
+colocate first; a cheaper lag never ranks a laggier design lower; the pipeline's fill counts once
+and matters less the longer the run; a finish-order batch waits for a shorter sample the more lag
+it allows; a long tail is worth dropping the batch barrier for; without a tail and with heavy
+training a colocated design wins.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def throughput_s(model: LayoutModel, rm: RoleMap, wl: Workload) -> float:
         by_bucket.setdefault(bi, {}).setdefault(inst.tp, 0)
         by_bucket[bi][inst.tp] += 1
     active = tuple(sorted(by_bucket))
-    return max(model._thr_s(d, by_bucket[a]) for a, d in zip(active, model.demands(wl, active)) if d.n > 0)
+    return max(model.bucket_throughput_s(d, by_bucket[a]) for a, d in zip(active, model.demands(wl, active)) if d.n > 0)
 
 
 def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:

@@ -8,13 +8,12 @@ Algorithm (`DesignPlanner.on_step_end`):
 1. Within a design, its own planner re-plans (a split's `GlobalPlanner`; a colocated design
    has none) and its forecast is the one the rows report.
 2. At the first length sample (`min_history_trajectories` finished trajectories, as the split
-   planner's first re-plan) every design reachable from the one in force is ranked on the
-   measured workload. The best one replaces the design in force when the time it takes to make
+   planner's first re-plan) every design is ranked on the measured workload. The best one replaces the design in force when the time it takes to make
    the progress of the steps left (less those already admitted), with its pipeline fill and the
    switch's cost, beats the current design's (already filled, and scaled by how far its own
    measured steps were from the model: `measured_scale`) by `min_gain_ratio`. The switch's
-   cost: (the cost model's hand-off plus the drain of tool calls in flight, as the split
-   planner prices a switch); the new design's first step refills the pipeline (leaving
+   cost: the cost model's hand-off plus the drain of tool calls in flight, as the split
+   planner prices a switch; the new design's first step refills the pipeline (leaving
    finish-order batches first drains the groups in flight, `StepCore.set_design`: that bubble is
    the refill's). The current design's figure comes from the same ranking: its
    system and lag, and for a colocated one its TP (a split's is its planner's best split, which

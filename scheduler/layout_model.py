@@ -196,6 +196,10 @@ class LayoutModel:
         batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
         return max(self._thr_s(d, tp_counts), self.tail_s(d, max(tp_counts), batch, tool_s_per_token))
 
+    def bucket_throughput_s(self, d: Demand, tp_counts: dict[int, int]) -> float:
+        """A bucket's time for its demand at full throughput, its tail aside (`bucket_s` without the tail)."""
+        return self._thr_s(d, tp_counts) if d.n > 0 else 0.0
+
     def _thr_s(self, d: Demand, tp_counts: dict[int, int]) -> float:
         num_inst = sum(tp_counts.values())
         batch = max(1, math.ceil(d.n / num_inst))
