@@ -46,7 +46,7 @@ from scheduler import systems as sysmod
 from sim.baselines import TUNED, time_to_target, tune
 from sim.run import compare, format_table, play_system, static_splits
 
-HYBRID = "libra-hybrid"  # libra's time-shared layout: tuned like the peers until libra's planner chooses it
+HYBRID = "libra-hybrid"  # libra's time-shared layout held fixed, tuned like the peers (libra's planner chooses among it and the rest)
 
 BASELINES = ("colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq")
 ABLATIONS = tuple(s for s in ABLATION_SYSTEMS if s.startswith("libra-"))

@@ -6,7 +6,7 @@ nobody runs Qwen3-14B at TP1 when TP4/TP8 decode the tail 3-5x faster. So for ev
 workload, and keeps the fastest simulated run:
 
   colocate      rollout TP (every rank trains, then generates)
-  libra-hybrid  the same (libra's time-shared layout, tuned as the peers are until libra's planner chooses it)
+  libra-hybrid  the same (libra's time-shared layout held fixed, one of the designs libra's planner chooses among)
   static        trainer share x rollout TP (one bucket)
   verl-async    the same parts as static (verl's one-step-off async), tuned the same way
   fully-async   trainer share x rollout TP x its staleness bound (1, 2, 4: AReaL's users raise it)

@@ -31,6 +31,7 @@ ONE_OF_EACH = [
     msg.Exported("r", STATE), msg.ExportFailed("r", "waiting on a tool"),
     msg.EnvCall(3, "r", "execute", ToolCall(name="bash", arguments={"cmd": "ls"})), msg.EnvCall(-1, "r", "close", None),
     msg.Trained(0, {"train/loss": 0.25}), msg.Synced(1, 4, 0.01), msg.Saved("/tmp/x"),
+    msg.LogLine("12:00:00 [rank 2] [libra trainer:0] 2 trajectory(ies) cut"),
 ]
 
 
