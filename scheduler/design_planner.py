@@ -26,7 +26,7 @@ Algorithm (`DesignPlanner.on_step_end`):
    planner's to follow.
 
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
-at most two checks; a switch that
+at most two checks; a colocated design forecasts its steps too; a switch that
 cannot pay for itself in the steps left is refused; the decision carries the new design's
 lookahead, staleness bound and batching, and a validated role map.
 """
@@ -68,10 +68,14 @@ class DesignPlanner:
         self._history: list[StepStats] = []
         self._ends: list[float] = []  # when each step of the design in force ended (its measured periods)
         self.checks = 0  # re-checks made (module docstring, 2-3)
+        self._design_step_s = design.step_s if math.isfinite(design.step_s) else None
 
     @property
     def forecast_step_s(self) -> float | None:
-        return self.inner.forecast_step_s if self.inner is not None else None
+        """The split planner's forecast within a split design; else the design's own predicted step time (from its
+        last ranking: the bench's prior until the first check, the run's lengths after it)."""
+        inner = self.inner.forecast_step_s if self.inner is not None else None
+        return inner if inner is not None else self._design_step_s
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None:
         self.remaining_steps -= 1
@@ -102,6 +106,8 @@ class DesignPlanner:
         ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
         current = next((d for d in ranked if same_design(d, self.design)), None)  # None: a family not allowed
         best = ranked[0]
+        if current is not None:
+            self._design_step_s = current.step_s * self.measured_scale(current)
         if current is not None and same_design(best, current):
             return None
         scale = self.measured_scale(current) if current is not None else 1.0
@@ -123,6 +129,7 @@ class DesignPlanner:
                   f"design {best.label}, as --planner.design {best.system} asks (from {self.design.label})")
         logger.info("planner %s", reason)
         self.design, self.lookahead, self._ends = best, best.lookahead, []
+        self._design_step_s = best.step_s
         self.inner = self._planner_for(best, self.remaining_steps)
         return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,
                             current_step_s=current.step_s if current is not None else math.nan,

@@ -3,6 +3,8 @@ lengths, at most twice, and a switch must pay for itself in the steps left."""
 
 import random
 
+import pytest
+
 from scheduler.api import StepStats
 from scheduler.costmodel import get_cost_model
 from scheduler.design import DesignSpace, rank_designs
@@ -83,3 +85,4 @@ def test_the_best_design_stays():
     for step in range(4):
         planner.on_step_end(_stats(best, flat, step, step_s=best.step_s, train_factor=4.0), best.fill_s + step * best.step_s)
     assert same_design(planner.design, best) and planner.checks == 2
+    assert planner.forecast_step_s == pytest.approx(best.step_s, rel=0.05)  # rows report it, colocated or not
