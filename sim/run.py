@@ -111,7 +111,9 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=design.role_map,
                                       buckets=buckets, max_staleness=cfg.max_staleness,
                                       group_size=cfg.samples_per_prompt, design=design, gamma=cfg.lag_gamma)
-        return SystemParts(router=sysmod.make_router(design.system, rcfg), role_map=design.role_map, planner=planner,
+        # libra's own router (C-MLFQ) under every design, as the real runtime runs it: on a colocated layout
+        # (one bucket) it admits to the least-loaded instance and never migrates
+        return SystemParts(router=sysmod.make_router(system, rcfg), role_map=design.role_map, planner=planner,
                            lookahead=design.lookahead, colocated=design.role_map.colocated,
                            batch_by_finish=not design.step_batched, max_staleness=max(1, design.lag), design=design.label)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
