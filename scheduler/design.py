@@ -57,6 +57,7 @@ from scheduler.costmodel import CostModel
 from scheduler.layout import VALID_TP, Bucket, RoleMap, colocated_role_map
 from scheduler.layout_model import LayoutModel, Scales, Workload
 from scheduler.layout_search import LayoutSearch
+from scheduler.planner import PlannerConfig
 
 # Measured 2026-12-06 on this project's 2-core CPU machines, the trainer's default (decoupled) objective:
 #   python -m bench.convergence --lags 0,1,2,4 --seeds 8 --steps 30  (tiny policy, digit task, lr 2e-2, target 0.8):
@@ -129,6 +130,15 @@ class DesignSpace:
             raise ValueError(f"DesignSpace: lag_bounds={self.lag_bounds} must be non-empty and >= 0, e.g. (0, 1, 2, 4)")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"DesignSpace: gamma={self.gamma} must be in (0, 1]; 1 prices staleness at nothing")
+
+
+def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: PlannerConfig, max_staleness: int,
+                 group_size: int, gamma: float = MEASURED_LAG_GAMMA) -> DesignSpace:
+    """What libra's planner may choose among on this run: the configured staleness bound is the user's (the
+    planner may choose less lag, never more), `planner.design` the families it allows."""
+    return DesignSpace(world_size=world_size, buckets=buckets, allowed_tp=planner.allowed_tp, max_batch=planner.max_batch,
+                       gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= max_staleness),
+                       families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,))
 
 
 def throughput_s(model: LayoutModel, rm: RoleMap, wl: Workload) -> float:

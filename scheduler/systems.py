@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from scheduler.api import Router
 from scheduler.cmlfq import CMLFQRouter
 from scheduler.costmodel import CostModel
-from scheduler.design import DESIGN_FAMILIES, LAG_BOUNDS, MEASURED_LAG_GAMMA, Design, DesignSpace
+from scheduler.design import MEASURED_LAG_GAMMA, Design, design_space
 from scheduler.design_planner import DesignPlanner
 from scheduler.layout import VALID_TP, Bucket, BucketsConfig, RoleMap, colocated_role_map, split_role_map
 from scheduler.planner import GlobalPlanner, PlannerConfig
@@ -206,10 +206,8 @@ def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_
     cfg = cfg or PlannerConfig()
     if spec.chooses_design and cost_model.prices_split and current is not None and not within_design:
         buckets = buckets or BucketsConfig()
-        space = DesignSpace(world_size=world_size, buckets=buckets.buckets(), allowed_tp=cfg.allowed_tp,
-                            max_batch=cfg.max_batch, group_size=group_size, gamma=gamma,
-                            lag_bounds=tuple(x for x in LAG_BOUNDS if x <= max_staleness),
-                            families=DESIGN_FAMILIES if cfg.design == "auto" else (cfg.design,))
+        space = design_space(world_size=world_size, buckets=buckets.buckets(), planner=cfg, max_staleness=max_staleness,
+                             group_size=group_size, gamma=gamma)
         # a colocated layout in force (a resumed run that had moved to one) runs time-shared at this lookahead
         design = design or Design(system="libra-hybrid" if current.colocated else system, lag=max_staleness,
                                   role_map=current, step_s=math.nan, fill_s=math.nan, gamma=space.gamma)

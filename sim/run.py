@@ -36,7 +36,7 @@ from pathlib import Path
 from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
-from scheduler.design import DESIGN_FAMILIES, LAG_BOUNDS, Design, DesignSpace, rank_designs
+from scheduler.design import Design, design_space, rank_designs
 from scheduler.design_planner import DesignPlanner
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
@@ -125,15 +125,6 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                        interrupt_on_update=spec.interrupt_on_update)
 
 
-def design_space(cfg: SimConfig, buckets: BucketsConfig) -> DesignSpace:
-    """What libra's planner may choose among; the configured staleness bound is the user's: the
-    planner may choose less lag, never more."""
-    return DesignSpace(world_size=cfg.num_devices, buckets=buckets.buckets(), allowed_tp=cfg.planner.allowed_tp,
-                       max_batch=cfg.max_seqs_per_instance, gamma=cfg.lag_gamma, group_size=cfg.samples_per_prompt,
-                       lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cfg.max_staleness),
-                       families=DESIGN_FAMILIES if cfg.planner.design == "auto" else (cfg.planner.design,))
-
-
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:
     """Libra's design before step 1 (scheduler/design.py), on the bench's prior (`sim.workload.prior_workload`:
     its default profile, not the preset's overrides nor its seed); the planner re-checks it on the run's own
@@ -143,7 +134,10 @@ def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None
                            samples_per_prompt=cfg.samples_per_prompt, train_epochs=cfg.train_epochs)
     if prior is None or cfg.trace_dir is not None:
         return None
-    ranked = rank_designs(cost, design_space(cfg, buckets), prior, cfg.steps)
+    planner = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)  # the engines' cap, as build_system's
+    space = design_space(world_size=cfg.num_devices, buckets=buckets.buckets(), planner=planner,
+                         max_staleness=cfg.max_staleness, group_size=cfg.samples_per_prompt, gamma=cfg.lag_gamma)
+    ranked = rank_designs(cost, space, prior, cfg.steps)
     log.info("[libra sim] design before step 1: %s", "; ".join(f"{d.label} {d.step_s:.0f}s/step rate {d.rate * 1e3:.2f}"
                                                                for d in ranked[:4]))
     return ranked[0]
