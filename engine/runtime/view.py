@@ -123,8 +123,8 @@ class StepView:
             from rich.live import Live
 
             before = (sys.stdout, sys.stderr)
-            # refreshed by `tick` on the coordinator's thread only: a refresh thread racing the log lines of the
-            # scoring threads left broken borders and stale titles in the scrollback
+            # refreshed by `tick` on the coordinator's thread only: no refresh thread interleaves with the log
+            # lines other threads (the scoring pool) print above the panel
             self._live = Live(console=self._console, auto_refresh=False, transient=True)
             self._live.start()  # on a terminal it redirects sys.stdout/stderr: what they get prints above the panel
             self._follow_redirect(before)
