@@ -169,11 +169,10 @@ class RunWriter:
         `wall_s`, its run time then) and keep the rest, which the resumed run continues; return the kept rows."""
         kept = [m for m in read_metrics(self.dir) if m["step"] <= step] if (self.dir / "metrics.jsonl").exists() else []
         (self.dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kept))
-        # trajectories.jsonl's "step" is the 0-based index of the step that trained it; the sample's is 1-based
-        for name, last in (("trajectories.jsonl", step - 1), ("trajectories_sample.jsonl", step)):
+        for name in ("trajectories.jsonl", "trajectories_sample.jsonl"):  # both count steps from 1, as metrics do
             path = self.dir / name
             if path.exists():
-                rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= last]
+                rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
                 path.write_text("".join(r + "\n" for r in rows))
         trace = self.dir / "trace.json"
         if trace.exists():

@@ -79,7 +79,7 @@ def play(env: Env, task: Task, actions: list[str]) -> tuple[dict, float]:
         reward = episode.score(final)
     finally:
         episode.close()
-    record = {"step": 0, "request_id": f"profile-{task.task_id}", "task_id": task.task_id, "num_tokens": pos,
+    record = {"step": 1, "request_id": f"profile-{task.task_id}", "task_id": task.task_id, "num_tokens": pos,
               "prompt_len": prompt_len, "turns": turns, "tool_outcomes": outcomes, "tool_latency_s": latencies,
               "instances": [], "reward": reward}
     return record, reward

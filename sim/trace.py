@@ -2,7 +2,8 @@
 
 Trace format (a run dir): `metrics.jsonl` (docs/design.md fields, one row per step) and
 `trajectories.jsonl`, one JSON object per finished trajectory:
-`{"step", "request_id", "task_id", "num_tokens", "prompt_len", "turns": [[start, end], ...],
+`{"step" (the step that admitted it, from 1 as in every output; a trace's steps are read in order,
+so one written from 0 before 2026-12-07 loads the same), "request_id", "task_id", "num_tokens", "prompt_len", "turns": [[start, end], ...],
 "tool_outcomes": [[tool, size, status], ...], "tool_latency_s": [...], "instances": [...]}`, and
 optionally `"env_start_s"` (episode start), `"score_s"` (final scoring) and `"reward"`, which the
 simulator charges and uses to skip a no-signal trainer step as the real trainer does.
@@ -104,4 +105,4 @@ def write_trajectories(path: Path, finished: list) -> None:
     """Write the simulator's finished requests (SimRequest) in the real runtime's trace format."""
     with open(path, "w") as f:
         for req in finished:
-            f.write(json.dumps(spec_to_record(req.spec, req.batch, req.instances)) + "\n")
+            f.write(json.dumps(spec_to_record(req.spec, req.batch + 1, req.instances)) + "\n")  # steps count from 1

@@ -56,7 +56,7 @@ def test_writer_appends_rows_and_resume_truncates_after_the_checkpoint(tmp_path)
     w = RunWriter(tmp_path)
     for step in (1, 2, 3):
         w.metrics(row(step).to_dict())
-        w.trajectory({"step": step - 1, "request_id": f"r{step}"})
+        w.trajectory({"step": step, "request_id": f"r{step}"})
         w.sample({"step": step, "request_id": f"r{step}"})
         w.span(f"train step {step}", "trainer", 10.0 * step - 2.0, 2.0)
     w.trace()

@@ -309,7 +309,7 @@ class Coordinator:
         self._progress_t = time.monotonic()
         step = self.core.requests[rid].step
         self.core.on_finished(rid, finished_of(traj), self.now())
-        self.writer.trajectory({"step": step, "request_id": rid, "task_id": traj.task_id, "num_tokens": traj.num_tokens,
+        self.writer.trajectory({"step": step + 1, "request_id": rid, "task_id": traj.task_id, "num_tokens": traj.num_tokens,
                                 "prompt_len": traj.prompt_len, "turns": traj.turns, "tool_outcomes": traj.tool_outcomes,
                                 "tool_latency_s": traj.tool_latency_s, "instances": traj.instances, "reward": traj.reward,
                                 "reward_reason": getattr(traj.reward, "reason", ""), "finish_reason": traj.finish_reason, "score_s": round(traj.score_s, 4),
