@@ -141,18 +141,6 @@ def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: Plann
                        families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,))
 
 
-def throughput_s(model: LayoutModel, rm: RoleMap, wl: Workload) -> float:
-    """The slowest bucket's throughput time on `rm`: how long a batch's work takes without its tail."""
-    names = [b.name for b in model.buckets]
-    by_bucket: dict[int, dict[int, int]] = {}
-    for inst in rm.instances:
-        bi = names.index(inst.bucket) if inst.bucket in names else len(names) - 1
-        by_bucket.setdefault(bi, {}).setdefault(inst.tp, 0)
-        by_bucket[bi][inst.tp] += 1
-    active = tuple(sorted(by_bucket))
-    return max(model.bucket_throughput_s(d, by_bucket[a]) for a, d in zip(active, model.demands(wl, active)) if d.n > 0)
-
-
 def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:
     """The length sample as a finish-order batch sees it: with L + 1 steps' groups in flight, a batch is
     about the first 1/(L + 1) of them to complete, and a group completes with its slowest sample, so
@@ -177,13 +165,13 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         part = search.best(finish_order_sample(wl, lag, space.group_size), Scales(), current=None)
         rm = search.build(part, None)
         wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
-        thr_wide = throughput_s(search, rm, wide) / (lag + 1)
+        thr_wide = search.throughput_s(rm, wide) / (lag + 1)
         # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
         yield "libra-partial", lag, rm, max(part.step_s, thr_wide), part.rollout_s + part.train_s + part.sync_s
         choice = search.best(wl, Scales(), current=None)
         rm = search.build(choice, None)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
-        yield "libra", lag, rm, max(choice.step_s, throughput_s(search, rm, wl)), choice.rollout_s + choice.train_s + choice.sync_s
+        yield "libra", lag, rm, max(choice.step_s, search.throughput_s(rm, wl)), choice.rollout_s + choice.train_s + choice.sync_s
 
 
 def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
@@ -198,7 +186,7 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         if 0 in space.lag_bounds:
             yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync
         if 1 in space.lag_bounds:
-            yield "libra-hybrid", 1, rm, train + sync + max(throughput_s(model, rm, wl), rollout / 2), rollout + train + sync
+            yield "libra-hybrid", 1, rm, train + sync + max(model.throughput_s(rm, wl), rollout / 2), rollout + train + sync
 
 
 def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:

@@ -12,8 +12,7 @@ Algorithm (`DesignPlanner.on_step_end`):
    the progress of the steps left (less those already admitted), with its pipeline fill and the
    switch's cost, beats the current design's (already filled, and scaled by how far its own
    measured steps were from the model: `measured_scale`) by `min_gain_ratio`. The switch's
-   cost: the cost model's hand-off plus the drain of tool calls in flight, as the split
-   planner prices a switch; the new design's first step refills the pipeline (leaving
+   cost: `planner.switch_cost_s`, as the split planner prices a switch; the new design's first step refills the pipeline (leaving
    finish-order batches first drains the groups in flight, `StepCore.set_design`: that bubble is
    the refill's). The current design's figure comes from the same ranking: its
    system and lag, and for a colocated one its TP (a split's is its planner's best split, which
@@ -42,7 +41,7 @@ from scheduler.costmodel import CostModel
 from scheduler.design import Design, DesignSpace, rank_designs
 from scheduler.layout_model import Workload
 from scheduler.layout_search import switch_of
-from scheduler.planner import PlannerConfig
+from scheduler.planner import PlannerConfig, switch_cost_s
 
 logger = logging.getLogger(__name__)
 MEASURED_ENDS = 3  # step ends on a design before its periods (the first is its fill) calibrate it
@@ -106,15 +105,13 @@ class DesignPlanner:
         ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
         current = next((d for d in ranked if same_design(d, self.design)), None)  # None: a family not allowed
         best = ranked[0]
-        if current is not None:
-            self._design_step_s = current.step_s * self.measured_scale(current)
-        if current is not None and same_design(best, current):
-            return None
         scale = self.measured_scale(current) if current is not None else 1.0
-        rm_now = stats.role_map or self.design.role_map
-        switch = switch_of(rm_now, best.role_map)
-        drain = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
-        cost = self.cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=self.space.world_size) + drain
+        if current is not None:
+            self._design_step_s = current.step_s * scale
+            if same_design(best, current):
+                return None
+        switch = switch_of(stats.role_map or self.design.role_map, best.role_map)
+        cost = switch_cost_s(self.cm, switch, self._history, self.space.world_size)
         # the design in force is none the planner may keep (`--planner.design` names another): it moves
         stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
         move = best.time_for(steps) + cost  # a switch refills the pipeline

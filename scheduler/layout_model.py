@@ -196,10 +196,6 @@ class LayoutModel:
         batch = max(1, math.ceil(d.n / sum(tp_counts.values())))
         return max(self._thr_s(d, tp_counts), self.tail_s(d, max(tp_counts), batch, tool_s_per_token))
 
-    def bucket_throughput_s(self, d: Demand, tp_counts: dict[int, int]) -> float:
-        """A bucket's time for its demand at full throughput, its tail aside (`bucket_s` without the tail)."""
-        return self._thr_s(d, tp_counts) if d.n > 0 else 0.0
-
     def _thr_s(self, d: Demand, tp_counts: dict[int, int]) -> float:
         num_inst = sum(tp_counts.values())
         batch = max(1, math.ceil(d.n / num_inst))
@@ -349,14 +345,25 @@ class LayoutModel:
     def train_s(self, wl: Workload, num_trainer: int, scales: Scales) -> float:
         return self.cm.train_s(int(wl.train_tokens), num_trainer) * scales.train
 
-    def predict(self, rm: RoleMap, wl: Workload, scales: Scales) -> tuple[float, float, float]:
-        """(step_s, rollout_s, train_s) predicted for an existing role map."""
+    def instances_by_bucket(self, rm: RoleMap) -> dict[int, dict[int, int]]:
+        """Bucket index -> {TP: instances} of a role map (an unknown bucket name counts as the last bucket)."""
         names = [b.name for b in self.buckets]
         by_bucket: dict[int, dict[int, int]] = {}
         for inst in rm.instances:
             bi = names.index(inst.bucket) if inst.bucket in names else len(names) - 1
             counts = by_bucket.setdefault(bi, {})
             counts[inst.tp] = counts.get(inst.tp, 0) + 1
+        return by_bucket
+
+    def throughput_s(self, rm: RoleMap, wl: Workload) -> float:
+        """The slowest bucket's time for its work on `rm` at full throughput, tails aside."""
+        by_bucket = self.instances_by_bucket(rm)
+        active = tuple(sorted(by_bucket))
+        return max(self._thr_s(d, by_bucket[a]) for a, d in zip(active, self.demands(wl, active)) if d.n > 0)
+
+    def predict(self, rm: RoleMap, wl: Workload, scales: Scales) -> tuple[float, float, float]:
+        """(step_s, rollout_s, train_s) predicted for an existing role map."""
+        by_bucket = self.instances_by_bucket(rm)
         active = tuple(sorted(by_bucket))
         tps = tuple(max(by_bucket[a]) for a in active)
         demands = self.demands_on(wl, active, tps)

@@ -103,6 +103,17 @@ class PlannerConfig:
                              f"pass auto, or write one with `python -m bench.profile --model M --out {self.profile}`")
 
 
+def switch_cost_s(cm: CostModel, switch: Switch, history: list[StepStats], world_size: int) -> float:
+    """What a switch is expected to cost: the model's figure for its kind, plus the drain when an engine
+    goes (its requests in tool calls leave when the tool returns: up to the longest tool call in
+    `history`); nothing when no rank moves."""
+    if not switch.moved:
+        return 0.0
+    drain_s = max((x for s in history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
+    # every rank keeps running through a switch (rollout decodes on): on shared cores it is slower
+    return cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=world_size) + drain_s
+
+
 class GlobalPlanner:
     def __init__(self, cfg: PlannerConfig | None, cost_model: CostModel, world_size: int, remaining_steps: int,
                  current: RoleMap | None = None, buckets: BucketsConfig | None = None, lookahead: int = 1) -> None:
@@ -250,15 +261,11 @@ class GlobalPlanner:
         return max(0, self.remaining_steps - self.lookahead)
 
     def reconfig_s(self, switch: Switch) -> float:
-        """What a switch is expected to cost: the model's figure for its kind, plus the drain when an
-        engine goes (its requests in tool calls leave when the tool returns: up to the longest tool
-        call seen), at least what a change of that kind cost here."""
+        """`switch_cost_s`, at least what a change of that kind cost here."""
         if not switch.moved:
             return 0.0
-        drain_s = max((x for s in self._history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
-        # every rank keeps running through a switch (rollout decodes on): on shared cores it is slower
-        model_s = self.cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=self.world_size) + drain_s
-        return max(model_s, self.measured_reconfig_s[switch.trainer_moved])
+        return max(switch_cost_s(self.cm, switch, self._history, self.world_size),
+                   self.measured_reconfig_s[switch.trainer_moved])
 
     def _calibrate(self, stats: StepStats) -> None:
         rm = stats.role_map or self.current

@@ -338,9 +338,6 @@ class ClusterSim:
         self.layouts.append(self.role_map)
         if end.plan is not None:
             self._apply_layout(end.plan.role_map)
-            if end.plan.lookahead is not None:  # a new design (libra's planner: scheduler/design_planner.py)
-                self.core.set_design(lookahead=end.plan.lookahead, max_staleness=end.plan.max_staleness,
-                                     batch_by_finish=end.plan.batch_by_finish)
         self._try_admit()
         self._try_train()
 

@@ -28,8 +28,9 @@ Algorithm:
    a group that outlives several updates is trained, and the row reports its lag.
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
    that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
-   A new design (`set_design`: lookahead, staleness bound, step or finish-order batches) takes
-   effect from the next admission and the next batch.
+   A plan that carries a new design (lookahead, staleness bound, step or finish-order batches)
+   is applied by `end_step` itself (`set_design`): it takes effect from the next admission and
+   the next batch; the caller only changes the layout.
 
 Invariants (tests/steps/test_stepcore.py): every started trajectory is trained exactly once or
 dropped with a reason; steps are trained in order and a step never starts more than
@@ -333,6 +334,8 @@ class StepCore:
         self._last_step_end = now
         self._reconfig_s = 0.0
         plan = self.planner.on_step_end(stats, now) if self.planner is not None and not self.done else None
+        if plan is not None and plan.lookahead is not None:  # a new design: it runs from the next admission and batch
+            self.set_design(lookahead=plan.lookahead, max_staleness=plan.max_staleness, batch_by_finish=plan.batch_by_finish)
         every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
         due = not self.done and (bool(every) and self.trained % every == 0 or bool(every_s) and now - self._checkpoint_s >= every_s
                                  or self.cfg.checkpoint_first and self.trained == self._first_step)

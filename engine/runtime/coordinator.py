@@ -335,10 +335,7 @@ class Coordinator:
         self._write_step(end, batch, t_train)
         if end.plan is not None:
             log.info("[libra] planner: %s -> %s (%s)", self.role_map.describe(), end.plan.role_map.describe(), end.plan.reason)
-            self.reconfigure(end.plan.role_map)
-            if end.plan.lookahead is not None:  # a new design (scheduler/design_planner.py): the core runs it from here
-                self.core.set_design(lookahead=end.plan.lookahead, max_staleness=end.plan.max_staleness,
-                                     batch_by_finish=end.plan.batch_by_finish)
+            self.reconfigure(end.plan.role_map)  # a new design's lookahead and batching: the core applied them
         if end.checkpoint:
             self.save_checkpoint()
         if self.now() - self._trace_t >= TRACE_EVERY_S:  # a killed run keeps a recent trace

@@ -452,3 +452,19 @@ def test_finish_order_batches_drain_before_step_batches_start():
     assert batch.step == 2 and row.step == 3 and len(batch.request_ids) == 4
     c.cancel_all(8.0)
     assert c.ledger.counts()["trained"] == 12
+
+
+def test_a_plan_with_a_new_design_is_applied_by_the_core_at_the_step_end():
+    """The caller (coordinator or simulator) only changes the layout; the lookahead and batching come with the plan."""
+    from scheduler.api import PlanDecision
+
+    plan = PlanDecision(role_map=layout(), predicted_step_s=1.0, current_step_s=2.0, reconfig_s=0.0,
+                        lookahead=0, max_staleness=1, batch_by_finish=True)
+    c = make_core(steps=3, lookahead=1, planner=FakePlanner(plan))
+    _admit_groups(c, 0.0)
+    for rid in ("s0-g0-0", "s0-g0-1", "s0-g1-0", "s0-g1-1"):
+        finish(c, rid, 1.0)
+    c.take_batch(2.0)
+    c.on_trained(train_s=1.0)
+    assert c.end_step(3.0, sync_s=0.0).plan is plan
+    assert (c.cfg.lookahead, c.cfg.batch_by_finish) == (0, True)
