@@ -196,10 +196,11 @@ def _device_preset(run: RunConfig, device_kind: str) -> LibraConfig:
             buckets=BucketsConfig(max_tokens=(1024, 1536) if tiny else (1400, 2048)),
             router=cpu_router_config(),
             launch=LaunchConfig(trainer_frac=0.25),
-            # a CPU run is a few steps of 4 trajectories: re-plan once two steps have been seen.
+            # a CPU run is a few steps of 4 trajectories: plan on the first step's lengths (after two
+            # steps a 3-step run had no step left for a switch to pay back in, so it never moved).
             # TP1 only: on shared CPU cores a TP group adds gloo traffic and no speed
             # (measured: libra with a TP2 bucket ran at 0.4x static on the tiny model)
-            planner=PlannerConfig(min_history_trajectories=8, allowed_tp=(1,)),
+            planner=PlannerConfig(min_history_trajectories=4, allowed_tp=(1,)),
         )
     return LibraConfig(
         run=run,

@@ -139,7 +139,7 @@ def test_buckets_config_and_router_config_errors():
     assert [(b.name, b.max_tokens) for b in BucketsConfig(max_tokens=(512, 1536)).buckets()] == [
         ("short", 512), ("medium", 1536), ("long", None)]
     assert [(b.name, b.max_tokens) for b in BucketsConfig().single()] == [("short", None)]
-    assert cpu_router_config().tree.rebuild_every == 16
+    assert cpu_router_config().tree.rebuild_every == 4
     with pytest.raises(ValueError, match=r"max_tokens=\(5,\) has 1 limits for 3 buckets; give 2"):
         BucketsConfig(max_tokens=(5,))
     with pytest.raises(ValueError, match=r"max_tokens=\(9, 5\) must be positive and strictly increasing"):
