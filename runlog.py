@@ -3,7 +3,8 @@
 The schema is docs/design.md's "Run outputs". `MetricsRow` is one step (built by the step core,
 `steps/core.py`, for both the real runtime and the simulator), `summarize` turns the
 rows into the summary, `idle_fractions` is the one definition of idle time, and
-`add_ratios`/`format_table`/`plot_compare` read every compare (real or simulated) the same way.
+`add_ratios`/`format_table`/`plot_compare` read every compare (real or simulated) the same way;
+`run_story` tells a run's summary in plain words and `plot_run` draws its steps (plot.png).
 `RunWriter` appends one metrics row per step and flushes it at once, so a killed run keeps every
 finished step; the summary is written at the end. `trace.json` is Chrome/Perfetto's
 trace-event format: one complete ("X") event per phase, rewritten whole (atomically) whenever the
@@ -130,6 +131,44 @@ def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: f
         **forecast_error(rows),
         **extra,
     }
+
+
+def _n(count: int, word: str, plural: str = "") -> str:
+    return f"{count} {word if count == 1 else plural or word + 's'}"
+
+
+def run_story(summary: dict, rows: list[dict], run_dir: Path) -> list[str]:
+    """The summary in plain words: what was learned, what moved, what it paid, where the plot is."""
+    rewards = [r["reward_mean"] for r in rows]
+    learned = "reward per step " + ", ".join(f"{x:.2f}" for x in rewards[:12]) + (" ..." if len(rewards) > 12 else "")
+    if len(rewards) >= 2:
+        k = max(1, len(rewards) // 3)
+        a, b = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        span = "step" if k == 1 else f"{k} steps' mean"
+        learned += (f"; the last {span} {b:.2f} against the first {span} {a:.2f}" if a != b else
+                    f"; it ended where it began ({a:.2f})")
+        if len(rewards) < 8:  # a few groups of a few samples: one lucky group moves the mean by 0.25
+            learned += f" ({_n(len(rewards), 'step')} are too few to tell learning from sampling noise)"
+    silent = sum(1 for r in rows if r.get("train/stepped", 1) == 0)
+    if silent:
+        learned += (f"; {silent} of {_n(len(rows), 'step')} trained nothing: every group's rewards were equal, so "
+                    "GRPO had no signal")
+    moved = [f"C-MLFQ moved {_n(summary['migrations'], 'trajectory', 'trajectories')} to a longer bucket mid-run, "
+             "re-prefilled there" if summary["migrations"] else
+             "C-MLFQ moved no trajectory to a longer bucket"]
+    changes = summary.get("role_map_changes", 0)
+    moved.append(f"the layout changed {_n(changes, 'time')}: {summary['role_map_first']} -> {summary['role_map_last']}"
+                 if changes else f"the layout stayed {summary['role_map_first']}")
+    last = None
+    for step, note in summary.get("planner_notes", []):
+        if note != last:  # a periodic check that concludes the same says nothing new
+            moved.append(f"the planner after step {step}: {note}")
+        last = note
+    paid = (f"layout changes {sum(r['reconfig_s'] for r in rows):.1f} s in all; on average the rollout ranks idled "
+            f"{summary['idle_frac_rollout']:.0%} of a step and the trainer {summary['idle_frac_train']:.0%}")
+    return ["What happened, in plain words:", f"- learned: {learned}.", *(f"- moved: {m}." for m in moved),
+            f"- paid: {paid}.", f"- plot: {run_dir / 'plot.png'} (reward, tokens/s, step split, layout per step); "
+            f"the phases of every step: {run_dir / 'trace.json'} (open it in Perfetto)."]
 
 
 class RunWriter:
@@ -282,3 +321,42 @@ def plot_compare(compare: dict, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_run(run_dir: Path) -> Path:
+    """RUN_DIR/plot.png from metrics.jsonl: reward, tokens/s, the step split and the role map per step (bench.plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no steps yet; plot a run that finished at least one step")
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    axes[0, 0].plot(steps, [r["reward_mean"] for r in rows], marker="o")
+    axes[0, 0].set_title("reward (mean per step)")
+    axes[0, 1].plot(steps, [r["tokens"] / max(r["step_s"], 1e-9) for r in rows], marker="o", color="tab:green")
+    axes[0, 1].set_title("tokens/s per step")
+    bottom = [0.0] * len(rows)
+    for key in ("rollout_s", "train_s", "sync_s", "reconfig_s"):
+        vals = [r[key] for r in rows]
+        axes[1, 0].bar(steps, vals, bottom=bottom, label=key)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    axes[1, 0].plot(steps, [r["step_s"] for r in rows], color="k", marker=".", label="step_s (wall)")
+    axes[1, 0].set_title("step time split (s); phases overlap in async systems")
+    axes[1, 0].legend(fontsize=7)
+    keys = sorted({k for r in rows for k in r["role_map"]})
+    for key in keys:
+        axes[1, 1].step(steps, [r["role_map"].get(key, 0) for r in rows], where="post", label=key)
+    axes[1, 1].set_title("ranks per role / bucket")
+    axes[1, 1].legend(fontsize=7)
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    out = Path(run_dir) / "plot.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -127,3 +127,6 @@ class Planner(Protocol):
     forecast_step_s: float | None
 
     def on_step_end(self, stats: StepStats, now: float) -> PlanDecision | None: ...
+
+    # what its checks concluded since the last call, in plain words (a layout or design kept and why, or a move)
+    def take_notes(self) -> list[str]: ...

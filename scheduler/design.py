@@ -106,7 +106,7 @@ class Design:
     @property
     def label(self) -> str:
         rm = self.role_map
-        layout = f"colocated TP{rm.instances[0].tp}" if rm.colocated else rm.describe()
+        layout = f"colocated TP{rm.instances[0].tp}" if rm.colocated else rm.describe(version=False)
         return f"{self.system} lag={self.lag} ({layout})"
 
 

@@ -122,8 +122,8 @@ class RoleMap:
             out[f"bucket/{b.name}"] = sum(i.tp for i in self.instances_in(b.name))
         return out
 
-    def describe(self) -> str:
-        """One short line, e.g. `v3 train=4 | short:TP1x2 long:TP2x1`."""
+    def describe(self, *, version: bool = True) -> str:
+        """One short line, e.g. `v3 train=4 | short:TP1x2 long:TP2x1` (without `v3 ` for version=False)."""
         parts = []
         for b in self.buckets:
             tps: dict[int, int] = {}
@@ -132,7 +132,7 @@ class RoleMap:
             if tps:
                 parts.append(b.name + ":" + "+".join(f"TP{tp}x{n}" for tp, n in sorted(tps.items())))
         mode = " colocated" if self.colocated else ""
-        return f"v{self.version} train={len(self.trainer_ranks)}{mode} | " + " ".join(parts)
+        return (f"v{self.version} " if version else "") + f"train={len(self.trainer_ranks)}{mode} | " + " ".join(parts)
 
     # ---- validation --------------------------------------------------------------------
     def validate(self) -> RoleMap:

@@ -104,6 +104,7 @@ class StepEnd:
     stats: StepStats
     plan: PlanDecision | None  # a new layout to apply at this boundary
     checkpoint: bool  # a periodic checkpoint is due
+    planner_notes: tuple[str, ...] = ()  # what the planner's checks at this step end concluded (`Planner.take_notes`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -341,7 +341,8 @@ class StepCore:
                                  or self.cfg.checkpoint_first and self.trained == self._first_step)
         if due:
             self._checkpoint_s = now
-        return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due)
+        notes = tuple(self.planner.take_notes()) if self.planner is not None else ()
+        return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due, planner_notes=notes)
 
     def _censored(self) -> tuple[int, ...]:
         """Finish-order batches are a length-biased sample (the first groups to finish): the running

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from runlog import (DROP_REASONS, METRIC_FIELDS, SUMMARY_FIELDS, MetricsRow, RunWriter, add_ratios, format_table,
-                    idle_fractions, read_metrics, summarize)
+                    idle_fractions, plot_run, read_metrics, run_story, summarize)
 
 
 def row(step: int, reward: float = 0.5, **kw) -> MetricsRow:
@@ -50,6 +50,38 @@ def test_summary_holds_the_design_fields_and_finds_the_time_to_target():
     assert s["time_to_target_s"] == 20.0 and s["reward_first"] == 0.1 and s["reward_last"] == 0.6
     assert s["migrations"] == 3  # rows carry a running total, not per-step counts
     assert summarize([], bench="swe", system="x", mode="real", wall_s=0.0, dropped={}, peak_rss_mb=0.0)["steps"] == 0
+
+
+def test_the_story_says_what_was_learned_what_moved_what_it_paid_and_where_the_plot_is(tmp_path):
+    rewards = [0.25, 0.0, 0.5, 0.5, 0.75, 0.75, 1.0, 0.75, 1.0]
+    rows = [row(i + 1, r, reconfig_s=2.0 if i == 3 else 0.0, extra={"train/stepped": int(i != 1)}).to_dict()
+            for i, r in enumerate(rewards)]
+    s = summarize(rows, bench="swe", system="libra", mode="real", wall_s=90.0, dropped={}, peak_rss_mb=1.0,
+                  role_map_changes=1, planner_notes=[[1, "kept A: no gain"], [2, "kept A: no gain"], [3, "moved to B"]])
+    story = run_story(s, rows, tmp_path)
+    assert story[1] == ("- learned: reward per step 0.25, 0.00, 0.50, 0.50, 0.75, 0.75, 1.00, 0.75, 1.00; the last 3 steps' "
+                        "mean 0.92 against the first 3 steps' mean 0.25; 1 of 9 steps trained nothing: every group's "
+                        "rewards were equal, so GRPO had no signal.")
+    assert story[2:6] == ["- moved: C-MLFQ moved 9 trajectories to a longer bucket mid-run, re-prefilled there.",
+                          "- moved: the layout changed 1 time: T[0] | short:[1] long:[2,3] -> T[0] | short:[1] long:[2,3].",
+                          "- moved: the planner after step 1: kept A: no gain.",  # said once, not at every check
+                          "- moved: the planner after step 3: moved to B."]
+    assert story[6] == "- paid: layout changes 2.0 s in all; on average the rollout ranks idled 30% of a step and the trainer 80%."
+    assert str(tmp_path / "plot.png") in story[7]
+    few = run_story(summarize(rows[:3], bench="swe", system="libra", mode="real", wall_s=1.0, dropped={}, peak_rss_mb=1.0),
+                    rows[:3], tmp_path)
+    assert "(3 steps are too few to tell learning from sampling noise)" in few[1]
+
+
+def test_plot_run_draws_the_steps_of_a_run(tmp_path):
+    w = RunWriter(tmp_path)
+    for i in range(3):
+        w.metrics(row(i + 1).to_dict())
+    assert plot_run(tmp_path).stat().st_size > 10_000
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="has no steps yet"):
+        plot_run(tmp_path / "empty")
 
 
 def test_writer_appends_rows_and_resume_truncates_after_the_checkpoint(tmp_path):

@@ -105,6 +105,7 @@ class Coordinator:
         self.prompt_cache: dict[str, list[int]] = {}
         self.metrics: list[dict] = self.writer.truncate_to_step(resume.step, resume.wall_s) if resume else []
         self.role_changes = 0
+        self.planner_notes: list[list] = []  # [step, what the planner concluded there] for the summary's story
         self.mailbox.beat("coordinator")  # the role a failure report names for rank 0
         self.t0 = time.monotonic()
         self.t_offset = resume.wall_s if resume else 0.0  # a resumed run's clock goes on from its checkpoint
@@ -333,6 +334,7 @@ class Coordinator:
         end = self.core.end_step(self.now(), sync_s=sync_s)
         self._step_s = end.row.train_s + sync_s
         self._write_step(end, batch, t_train)
+        self.planner_notes += [[end.row.step, note] for note in end.planner_notes]
         if end.plan is not None:
             log.info("[libra] planner: %s -> %s (%s)", self.role_map.describe(), end.plan.role_map.describe(), end.plan.reason)
             self.reconfigure(end.plan.role_map)  # a new design's lookahead and batching: the core applied them
@@ -444,6 +446,6 @@ class Coordinator:
         counts = self.core.ledger.counts()
         return summarize(self.metrics, bench=self.bench_name, system=self.cfg.run.system, mode="real",
                          wall_s=self.now(), dropped=counts["dropped"], peak_rss_mb=0.0, ledger=counts,
-                         role_map_changes=self.role_changes, model=self.cfg.run.model,
+                         role_map_changes=self.role_changes, model=self.cfg.run.model, planner_notes=self.planner_notes,
                          trained_task_ids=self.core.ledger.trained_order, resumed_from_step=self.resumed_from,
                          stopped_by=stop_requested())

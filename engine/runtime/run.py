@@ -25,7 +25,7 @@ from pathlib import Path
 from engine.runtime import checkpoint
 from engine.devices import DeviceInfo, detect, peak_memory_mb, rank_device
 from engine.runtime.launch import RankContext, WorkerFailed, run_in_torchrun, spawn
-from runlog import RunWriter
+from runlog import RunWriter, plot_run, read_metrics, run_story
 from scheduler.layout import RoleMap
 from steps.commands import RunState
 
@@ -263,7 +263,12 @@ def _write_summary(results: list, out_dir: Path) -> None:
     summary["peak_rss_mb_total"] = sum(r["peak_rss_mb"] for r in ranks) + peak_memory_mb().host_mb
     summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
     RunWriter(out_dir).summary(summary)
+    rows = read_metrics(out_dir) if (out_dir / "metrics.jsonl").is_file() else []
+    if rows:
+        plot_run(out_dir)
     print_summary(summary, out_dir)
+    if rows:
+        print("\n".join(run_story(summary, rows, out_dir)))
     if summary.get("stopped_by"):
         ckpt = checkpoint.latest(out_dir)
         log.warning("[libra] stopped by %s after step %d; checkpoint %s; continue with: python libra.py --resume %s",
@@ -311,4 +316,4 @@ def print_summary(s: dict, out_dir: Path) -> None:
           f"role-map changes {s.get('role_map_changes', 0)}")
     print(f"trajectories: {s['ledger']}  peak RSS per rank {s['peak_rss_mb']:.0f} MB, whole run {s['peak_rss_mb_total']:.0f} MB")
     print(f"layout first {s['role_map_first']}  last {s['role_map_last']}")
-    print(f"outputs: {out_dir}/ (summary.json, metrics.jsonl, trajectories_sample.jsonl, trace.json)")
+    print(f"outputs: {out_dir}/ (summary.json, metrics.jsonl, plot.png, trajectories_sample.jsonl, trace.json)")

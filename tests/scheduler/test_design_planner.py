@@ -3,6 +3,8 @@ lengths, at most twice, and a switch must pay for itself in the steps left."""
 
 import random
 
+import re
+
 import pytest
 
 from scheduler.api import StepStats
@@ -54,6 +56,7 @@ def test_no_switch_before_the_first_length_sample_and_at_most_two_checks():
     decision = planner.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0), 1000.0)
     assert planner.checks == 1 and decision is not None  # the worst design priced: any better one pays here
     new = planner.design
+    assert planner.take_notes()[0].startswith(f"moved to the design {new.label}: ")
     assert not same_design(new, worst) and decision.role_map == new.role_map
     assert (decision.lookahead, decision.max_staleness, decision.batch_by_finish) == (
         new.lookahead, max(1, new.lag), not new.step_batched)
@@ -72,10 +75,13 @@ def test_a_switch_that_cannot_pay_in_the_steps_left_is_refused():
     planner.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0), 500.0)
     assert planner.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0), 1000.0) is None
     assert planner.checks == 1 and same_design(planner.design, worst)
+    assert planner.take_notes()[0] == f"kept the design {worst.label}: no step is left for another to pay back in"
     slow_tools = _planner(worst)  # a switch waits for the longest tool call in flight: a day's drain
     slow_tools.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0, tool_s=86400.0), 500.0)
     assert slow_tools.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=86400.0), 1000.0) is None
     assert slow_tools.checks == 1 and same_design(slow_tools.design, worst)
+    assert re.fullmatch(rf"kept the design {re.escape(worst.label)}: .* would take \d+\.\d s for the progress of the 18 "
+                        r"step\(s\) left, the switch included, against \d+\.\d s", slow_tools.take_notes()[0])
 
 
 def test_the_best_design_stays():
@@ -85,4 +91,7 @@ def test_the_best_design_stays():
     for step in range(4):
         planner.on_step_end(_stats(best, flat, step, step_s=best.step_s, train_factor=4.0), best.fill_s + step * best.step_s)
     assert same_design(planner.design, best) and planner.checks == 2
+    kept = [n for n in planner.take_notes() if n.startswith("kept the design")]
+    assert len(kept) == 2 and all(n.startswith(f"kept the design {best.label}: the first to the reward target on the "
+                                               "lengths measured (") for n in kept)
     assert planner.forecast_step_s == pytest.approx(best.step_s, rel=0.05)  # rows report it, colocated or not

@@ -174,14 +174,21 @@ def test_a_move_pays_back_only_over_the_steps_admitted_after_it(steps, lookahead
         return StepStats(step=step, rollout_s=1.0, train_s=20.0, trajectory_tokens=lens, train_tokens=int(1e7),
                          role_map=first.role_map)
 
+    assert p.take_notes() == [f"moved to {first.role_map.describe(version=False)} (initial plan): {first.predicted_step_s:.1f} s a step "
+                              f"predicted against {first.current_step_s:.1f} s"]
     p.measured_reconfig_s[True] = 10.0  # a switch costs half a step of the 20 s training
     assert p.on_step_end(heavy(0), 1.0) is None
     d = p.on_step_end(heavy(1), 2.0)  # the end of step 2
     assert p.payback_steps() == max(0, steps - 2 - lookahead)
     assert (d is not None) == moves
+    [note] = p.take_notes()  # the run's summary says what the check concluded, in plain words
+    assert p.take_notes() == []
     if moves:
         assert len(d.role_map.trainer_ranks) > len(first.role_map.trainer_ranks)
         assert f"paid back over {steps - 2 - lookahead} step(s)" in d.reason
+        assert note.startswith(f"moved to {d.role_map.describe(version=False)}") and "s a step predicted against" in note
+    else:
+        assert note == f"kept {first.role_map.describe(version=False)}: no step is left for a switch to pay back in"
 
 
 def test_a_split_the_cost_model_cannot_price_is_kept(caplog):

@@ -210,6 +210,9 @@ class OnePlan:
             return None
         return PlanDecision(role_map=self.role_map, predicted_step_s=1.0, current_step_s=2.0, reconfig_s=3.0)
 
+    def take_notes(self):
+        return []
+
 
 def test_a_switch_waits_for_the_tool_calls_of_the_requests_it_moves():
     # As in the runtime, a request in a tool call leaves its instance when the tool returns: the

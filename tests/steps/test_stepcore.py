@@ -69,6 +69,9 @@ class FakePlanner:
         plan, self.plan = self.plan, None
         return plan
 
+    def take_notes(self):
+        return [f"checked after step {len(self.stats)}"]
+
 
 def make_core(*, steps=3, lookahead=1, max_staleness=1, planner=None, state=None):
     c = StepCore(CoreConfig(num_steps=steps, max_staleness=max_staleness, lookahead=lookahead), FakeRouter(), planner,
@@ -128,15 +131,18 @@ def test_a_step_trains_in_request_order_and_the_row_says_what_happened():
 def test_each_row_carries_the_planners_forecast_made_before_its_step():
     planner = FakePlanner()
     c = make_core(planner=planner, steps=3)
-    rows = []
+    rows, notes = [], []
     for s in range(2):
         admit(c, now=10.0 * s)
         for i in range(2):
             finish(c, f"s{s}-{i}", 10.0 * s + 1)
         c.take_batch(10.0 * s + 1)
         c.on_trained(train_s=1.0)
-        rows.append(c.end_step(10.0 * s + 2, sync_s=0.0).row.to_dict())
+        end = c.end_step(10.0 * s + 2, sync_s=0.0)
+        rows.append(end.row.to_dict())
+        notes.append(end.planner_notes)
     assert PREDICTED_KEY not in rows[0] and rows[1][PREDICTED_KEY] == 10.0  # foreseen at the end of step 1
+    assert notes == [("checked after step 1",), ("checked after step 2",)]  # what the planner concluded, each step end
     assert forecast_error([{**rows[1], "step_s": 8.0}]) == {"planner_forecast_steps": 1, "planner_predicted_step_s": 10.0,
                                                              "planner_measured_step_s": 8.0, "planner_forecast_error": 0.25}
 
