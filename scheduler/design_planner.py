@@ -94,6 +94,10 @@ class DesignPlanner:
         notes, self._notes = self._notes, []
         return notes + (self.inner.take_notes() if self.inner is not None else [])
 
+    def _say(self, note: str) -> None:
+        logger.info("planner %s", note)
+        self._notes.append(note)
+
     def measured_scale(self, current: Design) -> float:
         """Measured over predicted time of the design in force: its steps after the first against its step
         time, else its first step (rollout, training and sync, nothing overlapped) against its fill."""
@@ -109,7 +113,7 @@ class DesignPlanner:
         wl = Workload.from_stats(self._history)
         steps = max(0, self.remaining_steps - self.lookahead)  # run on whatever design is chosen now
         if steps == 0:
-            self._notes.append(f"kept the design {self.design.label}: no step is left for another to pay back in")
+            self._say(f"kept the design {self.design.label}: no step is left for another to pay back in")
             return None
         ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
         current = next((d for d in ranked if same_design(d, self.design)), None)  # None: a family not allowed
@@ -118,8 +122,8 @@ class DesignPlanner:
         if current is not None:
             self._design_step_s = current.step_s * scale
             if same_design(best, current):
-                self._notes.append(f"kept the design {current.label}: the first to the reward target on the lengths "
-                                   f"measured ({self._design_step_s:.1f} s a step predicted)")
+                self._say(f"kept the design {current.label}: the first to the reward target on the lengths measured "
+                          f"({self._design_step_s:.1f} s a step predicted)")
                 return None
         switch = switch_of(stats.role_map or self.design.role_map, best.role_map)
         cost = switch_cost_s(self.cm, switch, self._history, self.space.world_size)
@@ -127,20 +131,13 @@ class DesignPlanner:
         stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
         move = best.time_for(steps) + cost  # a switch refills the pipeline
         if stay < move * (1 + self.cfg.min_gain_ratio):
-            logger.info("planner keeps the design %s: %s would take %.1fs (the switch's %.1fs included) for the "
-                        "progress of the %d step(s) left, against %.1fs", self.design.label, best.label, move, cost,
-                        steps, stay)
-            self._notes.append(f"kept the design {self.design.label}: {best.label} would take {move:.1f} s for the "
-                               f"progress of the {steps} step(s) left, the switch included, against {stay:.1f} s")
+            self._say(f"kept the design {self.design.label}: {best.label} would take {move:.1f} s for the progress of "
+                      f"the {steps} step(s) left (the switch's {cost:.1f} s included), against {stay:.1f} s")
             return None
-        reason = (f"design on the measured lengths: {best.label} takes {move:.1f}s (the switch's {cost:.1f}s and a "
-                  f"pipeline fill included) for the progress of the {steps} step(s) left, against {stay:.1f}s for "
-                  f"{self.design.label}" if current is not None else
-                  f"design {best.label}, as --planner.design {best.system} asks (from {self.design.label})")
-        logger.info("planner %s", reason)
-        self._notes.append(f"moved to the design {best.label}: {move:.1f} s for the progress of the {steps} step(s) left "
-                           f"(the switch and a pipeline fill included), against {stay:.1f} s on {self.design.label}"
-                           if current is not None else f"moved to the design {best.label}, as --planner.design asks")
+        reason = (f"{move:.1f} s for the progress of the {steps} step(s) left (the switch's {cost:.1f} s and a pipeline "
+                  f"fill included), against {stay:.1f} s on {self.design.label}" if current is not None else
+                  f"as --planner.design {best.system} asks (from {self.design.label})")
+        self._say(f"moved to the design {best.label}: {reason}")
         self.design, self.lookahead, self._ends = best, best.lookahead, []
         self._design_step_s = best.step_s
         self.inner = self._planner_for(best, self.remaining_steps)

@@ -260,15 +260,16 @@ class GlobalPlanner:
         reconfig, steps = self.reconfig_s(switch), self.payback_steps()
         gain = cur_s - best.step_s
         if cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * steps <= reconfig:
+            def note() -> str:
+                new = role_map.describe(version=False)
+                return f"kept {current.describe(version=False)}: " + (
+                    "no step is left for a switch to pay back in" if steps == 0 else
+                    f"{new} would save {gain:.1f} s a step, {gain * steps:.1f} s over the {steps} step(s) left, "
+                    f"against the switch's {reconfig:.1f} s" if gain > 0 else
+                    f"{new} would be no faster ({best.step_s:.1f} s a step against {cur_s:.1f} s)")
+            self._notes.append(note)
             if logger.isEnabledFor(logging.INFO):  # the simulator asks this thousands of times: no describe() then
-                logger.info("planner keeps %s (%s): %s would take %.1fs/step vs %.1fs, a gain of %.1fs x %d step(s) "
-                            "left after the switch vs the switch's %.1fs", self.current.describe(), why, role_map.describe(),
-                            best.step_s, cur_s, gain, steps, reconfig)
-            self._notes.append(lambda: f"kept {current.describe(version=False)}: " + (
-                "no step is left for a switch to pay back in" if steps == 0 else
-                f"{role_map.describe(version=False)} would save {gain:.1f} s a step, {gain * steps:.1f} s over the {steps} step(s) "
-                f"left, against the switch's {reconfig:.1f} s" if gain > 0 else
-                f"{role_map.describe(version=False)} would be no faster ({best.step_s:.1f} s a step against {cur_s:.1f} s)"))
+                logger.info("planner %s (%s)", note(), why.strip())
             return None
         self.current, self._steps_on_layout, self._switch = role_map, 0, switch
         return self._decision(best, role_map, cur_s, switch, why, f"; the switch's {reconfig:.1f}s paid back over {steps} step(s)")

@@ -81,7 +81,7 @@ def test_a_switch_that_cannot_pay_in_the_steps_left_is_refused():
     assert slow_tools.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=86400.0), 1000.0) is None
     assert slow_tools.checks == 1 and same_design(slow_tools.design, worst)
     assert re.fullmatch(rf"kept the design {re.escape(worst.label)}: .* would take \d+\.\d s for the progress of the 18 "
-                        r"step\(s\) left, the switch included, against \d+\.\d s", slow_tools.take_notes()[0])
+                        r"step\(s\) left \(the switch's \d+\.\d s included\), against \d+\.\d s", slow_tools.take_notes()[0])
 
 
 def test_the_best_design_stays():
