@@ -86,6 +86,13 @@ def admit(c, now=0.0, n=2):
                        for i in range(n)], now)
 
 
+def _admit_groups(c, now, groups=2):
+    """The next step as `groups` GRPO groups of two (finish-order batches take whole groups)."""
+    s = c.next_admissible()
+    return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
+                                  prompt_tokens=10) for g in range(groups) for i in range(2)], now)
+
+
 def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None, reason=""):
     c.on_finished(rid, Finished(num_tokens=tokens, num_model_tokens=tokens - 10, tool_latency_s=(0.5,),
                                 signal_tokens=tokens - 20 if signal is None else signal,
@@ -196,13 +203,8 @@ def test_finish_order_batches_take_the_first_complete_groups_from_any_step():
     c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), None, layout())
     c.start(0.0)
 
-    def admit_groups(now):
-        s = c.next_admissible()
-        return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
-                                      prompt_tokens=10) for g in range(2) for i in range(2)], now)
-
-    admit_groups(0.0)
-    admit_groups(0.0)
+    _admit_groups(c, 0.0)
+    _admit_groups(c, 0.0)
     assert c.next_admissible() is None  # lookahead 1: two steps in flight at most
     for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):  # s0-g1 waits on its long member
         finish(c, rid, 1.0)
@@ -230,19 +232,14 @@ def test_libras_finish_order_batches_wait_for_a_group_they_would_push_past_the_l
                  FakeRouter(), None, layout())
     c.start(0.0)
 
-    def admit_groups(now):
-        s = c.next_admissible()
-        return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
-                                      prompt_tokens=10) for g in range(2) for i in range(2)], now)
-
-    admit_groups(0.0)
-    admit_groups(0.0)
+    _admit_groups(c, 0.0)
+    _admit_groups(c, 0.0)
     for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):  # s0-g1 waits on its long member
         finish(c, rid, 1.0)
     assert c.take_batch(2.0).request_ids == ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1")  # at version 0 nothing is due
     c.on_trained(train_s=1.0)
     c.end_step(3.0, sync_s=0.0)
-    admit_groups(3.0)  # step 2, at version 1
+    _admit_groups(c, 3.0)  # step 2, at version 1
     for rid in ("s1-g0-0", "s1-g0-1", "s2-g0-0", "s2-g0-1", "s2-g1-0", "s2-g1-1"):
         finish(c, rid, 4.0, version=1 if rid.startswith("s2") else 0)
     assert c.take_batch(4.0) is None  # three groups are ready, but training them would leave s0-g1 two versions old
@@ -432,12 +429,6 @@ def test_signal_tokens_reach_the_planner_only_when_every_trajectory_has_one():
     c.on_trained(train_s=0.3)
     c.end_step(1.5, sync_s=0.1)
     assert planner.stats[0].signal_tokens == () and planner.stats[0].trajectory_tokens == (50, 50)
-
-
-def _admit_groups(c, now, groups=2):
-    s = c.next_admissible()
-    return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
-                                  prompt_tokens=10) for g in range(groups) for i in range(2)], now)
 
 
 def _train(c, now):
