@@ -364,13 +364,14 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
         demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data and not cfg.run.env else 0
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
-    # finish-order peers (AReaL-style) bound staleness at admission; a long group that spans more
+    # finish-order systems (AReaL-style) bound staleness at admission; a long group that spans more
     # updates is trained under the off-policy objective (decoupled by default: its behaviour weight,
-    # capped), as AReaL trains it, so the trainer checks no bound. Libra's finish-order batches bound
-    # the trained lag itself (steps/core.py: a batch waits for a group it would push past the bound)
+    # capped), as AReaL trains it, so the trainer checks no bound; nor where libra's planner may move
+    # to finish-order batches (scheduler/design_planner.py: the step core still drops stale step batches)
     spec = SYSTEMS.get(cfg.run.system)
-    unbounded = spec is not None and spec.batch_by_finish and not spec.bounds_trained_lag
-    max_staleness = None if unbounded else cfg.step.max_staleness
+    finish_order = spec is not None and (spec.batch_by_finish or spec.chooses_design
+                                         and cfg.planner.design in ("auto", "libra-partial"))
+    max_staleness = None if finish_order else cfg.step.max_staleness
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens),
         planner=dataclasses.replace(cfg.planner, max_batch=cfg.rollout.max_batch))

@@ -52,9 +52,6 @@ class SystemSpec:
     async_pipeline: bool  # rollout of step n+1 overlaps training of step n
     colocated: bool  # every rank generates, then trains (verl style)
     batch_by_finish: bool = False  # a batch is the first complete groups to finish, from any admitted step
-    # finish-order batches (its own or a design its planner picks) never train a group past the lag bound: a
-    # batch waits for a running group it would push past it (the peers bound staleness at admission only)
-    bounds_trained_lag: bool = False
     interrupt_on_update: bool = False  # a weight update interrupts in-flight generation: KV recomputed on the new weights
     off_policy: str = "decoupled"  # the trainer's objective for stale tokens that its users run (TrainerConfig.off_policy)
     sim_only: bool = False  # needs knowledge only the simulator has
@@ -77,7 +74,7 @@ def _spec(name: str, router: str, het: bool, planner: bool, realloc: bool, desc:
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("libra", "cmlfq", True, True, True, "the design first to the reward target (scheduler/design.py: split with C-MLFQ, "
           "finish-order batches, colocated or time-shared hybrid, and its lag bound), then C-MLFQ + planner + rank "
-          "reassignment within it", chooses_design=True, bounds_trained_lag=True),
+          "reassignment within it", chooses_design=True),
     _spec("colocate", "least_load", False, False, False,
           "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
     _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
@@ -95,8 +92,8 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("la_mlfq", "la_mlfq", True, False, False, "fixed split, heterogeneous buckets, MLFQ demotion by token limits"),
     _spec("oracle", "oracle", True, True, True, "clairvoyant routing by true length + planner: the bound of step-batched schedules", sim_only=True),
     _spec("libra-partial", "cmlfq", True, True, True,
-          "libra whose batches are the first groups to finish (partial-rollout's batching): the tail leaves the step, "
-          "no group trained past the lag bound", batch_by_finish=True, bounds_trained_lag=True),
+          "libra whose batches are the first groups to finish (partial-rollout's batching): the tail leaves the step",
+          batch_by_finish=True),
     _spec("libra-hybrid", "least_load", False, False, False,
           "libra's time-shared hybrid layout: every rank hosts a rollout instance and trains; while a batch's tail "
           "finishes, the free instances start the next step's trajectories (one step of lookahead); all pause to "

@@ -28,8 +28,6 @@ class CoreConfig:
     checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
     checkpoint_first: bool = False  # also right after the first step this run trains (a stop then never loses it all)
     batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
-    # finish-order batches also bound the trained lag: a batch waits for a running group it would push past max_staleness
-    bound_trained_lag: bool = False
 
     def __post_init__(self) -> None:
         if (self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0

@@ -23,13 +23,9 @@ Algorithm:
    `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
    groups to finish, as many as a step admits, from whichever admitted steps they come; a
    long group waits for a later batch instead of holding this one; the planner's stats carry the
-   running trajectories' lengths so far (`censored_tokens`). The peers' staleness is bounded at
+   running trajectories' lengths so far (`censored_tokens`). Its staleness is bounded at
    admission, as AReaL bounds it (at most `lookahead` steps ahead of the trainer), not by dropping:
-   a group that outlives several updates is trained, and the row reports its lag. Libra's
-   (`bound_trained_lag`) bounds the trained lag: after a batch the version is V+1, so a group
-   whose oldest token may predate V+1-`max_staleness` (a running member counts from its step's
-   admission version) goes into this batch, ahead of the others; while such a group still runs,
-   the batch waits for it.
+   a group that outlives several updates is trained, and the row reports its lag.
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
    that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
    A plan that carries a new design (lookahead, staleness bound, step or finish-order batches)
@@ -38,8 +34,7 @@ Algorithm:
 
 Invariants (tests/steps/test_stepcore.py): every started trajectory is trained exactly once or
 dropped with a reason; steps are trained in order and a step never starts more than
-`lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness` (finish-order
-batches: with `bound_trained_lag`); a finished
+`lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness`; a finished
 trajectory counts even when its migration was under way; a layout change re-homes every
 request of a removed instance.
 """
@@ -90,7 +85,6 @@ class Request:
 class Step:
     index: int
     admitted_s: float
-    admitted_version: int = 0  # the policy version when it was admitted (its trajectories' oldest possible tokens)
     request_ids: list[str] = field(default_factory=list)
     prompt_ids: dict[str, str] = field(default_factory=dict)  # request -> task id (the ledger's trained order)
     done: dict[str, Finished | None] = field(default_factory=dict)  # None: dropped
@@ -165,7 +159,7 @@ class StepCore:
 
     def admit(self, step: int, requests: list[NewRequest], now: float) -> list[Add]:
         assert step == self.next_admissible(), f"step {step} admitted out of order (next admissible: {self.next_admissible()})"
-        st = self.steps[step] = Step(index=step, admitted_s=now, admitted_version=self.version)
+        st = self.steps[step] = Step(index=step, admitted_s=now)
         adds = []
         for r in requests:
             route = self.router.admit(r.request_id, r.prompt_id, r.prompt_tokens, now)
@@ -267,8 +261,8 @@ class StepCore:
                 continue
             # fully async bounds staleness where AReaL does, at admission (at most `lookahead` steps
             # ahead); a long group that spans more updates is trained, its lag reported in the row
-            bounded = not self.cfg.batch_by_finish or self.cfg.bound_trained_lag
-            if bounded and fin.first_version is not None and self.version - fin.first_version > self.cfg.max_staleness:
+            if (not self.cfg.batch_by_finish and fin.first_version is not None
+                    and self.version - fin.first_version > self.cfg.max_staleness):
                 self.ledger.drop(rid, "stale")
                 st.drop_reasons[rid] = "stale"
                 st.done[rid] = None
@@ -286,15 +280,6 @@ class StepCore:
         need = len(first.groups) if first is not None else 0
         if not need or len(self._ready_groups) < need:
             return None
-        if self.cfg.bound_trained_lag:
-            # after this batch the version is V+1: a group whose oldest token predates V+1-bound must be in it
-            floor = self.version + 1 - self.cfg.max_staleness
-            ready = set(self._ready_groups)
-            if any(self._oldest_version(k) < floor for k in self._group_left if k not in ready):
-                return None  # a running group would outgrow the bound: wait for it
-            due = [k for k in self._ready_groups if self._oldest_version(k) < floor]
-            self._ready_groups = due + [k for k in self._ready_groups if k not in due]
-            need = max(need, len(due))
         keys, self._ready_groups = self._ready_groups[:need], self._ready_groups[need:]
         st = Step(index=self.trained, admitted_s=min(self.steps[s].admitted_s for s, _ in keys), ready_s=now)
         for s, group in keys:
@@ -310,15 +295,6 @@ class StepCore:
                 del self.steps[s]
         self._batch_step = st
         return st
-
-    def _oldest_version(self, key: tuple[int, str]) -> int:
-        """The oldest policy version a group's tokens may have: its finished members' first tokens, and for a
-        running one its step's admission version (a lower bound: its first token may come later)."""
-        st = self.steps[key[0]]
-        members = st.groups[key[1]]
-        firsts = [f.first_version for rid in members if (f := st.done.get(rid)) is not None and f.first_version is not None]
-        running = any(rid not in st.done for rid in members)
-        return min(firsts + ([st.admitted_version] if running or not firsts else []))
 
     def on_trained(self, *, train_s: float, stepped: bool = True, metrics: dict | None = None,
                    train_tokens: int | None = None) -> None:

@@ -71,7 +71,7 @@ def core_config(cfg, spec) -> commands.CoreConfig:
                            lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
                            checkpoint_every=cfg.step.checkpoint_every,
                            checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish,
-                           bound_trained_lag=spec.bounds_trained_lag, checkpoint_first=True)
+                           checkpoint_first=True)
 
 
 def finished_of(traj: Trajectory) -> commands.Finished:

@@ -226,31 +226,6 @@ def test_finish_order_batches_take_the_first_complete_groups_from_any_step():
     assert c.ledger.counts()["trained"] == 8
 
 
-def test_libras_finish_order_batches_wait_for_a_group_they_would_push_past_the_lag_bound():
-    """bound_trained_lag (libra): the trained lag stays within max_staleness, the peers' admission-only bound does not."""
-    c = StepCore(CoreConfig(num_steps=4, max_staleness=1, lookahead=1, batch_by_finish=True, bound_trained_lag=True),
-                 FakeRouter(), None, layout())
-    c.start(0.0)
-
-    _admit_groups(c, 0.0)
-    _admit_groups(c, 0.0)
-    for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):  # s0-g1 waits on its long member
-        finish(c, rid, 1.0)
-    assert c.take_batch(2.0).request_ids == ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1")  # at version 0 nothing is due
-    c.on_trained(train_s=1.0)
-    c.end_step(3.0, sync_s=0.0)
-    _admit_groups(c, 3.0)  # step 2, at version 1
-    for rid in ("s1-g0-0", "s1-g0-1", "s2-g0-0", "s2-g0-1", "s2-g1-0", "s2-g1-1"):
-        finish(c, rid, 4.0, version=1 if rid.startswith("s2") else 0)
-    assert c.take_batch(4.0) is None  # three groups are ready, but training them would leave s0-g1 two versions old
-    finish(c, "s0-g1-1", 5.0, version=0)
-    batch = c.take_batch(5.0)
-    # the groups that cannot wait another version come first: both hold tokens of version 0, trained at 1
-    assert set(batch.request_ids) == {"s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"} and batch.policy_version == 1
-    c.on_trained(train_s=1.0)
-    assert c.end_step(6.0, sync_s=0.0).row.staleness_max == 1
-
-
 def test_a_skipped_update_reports_no_training_time_to_the_planner():
     planner = FakePlanner()
     c = make_core(planner=planner)
