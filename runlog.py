@@ -15,7 +15,9 @@ A logging failure never stops training: writers log the error once and carry on.
 Invariants (tests/test_runlog.py): every metrics row holds the docs/design.md step fields and
 round-trips through JSON; the summary holds the docs/design.md summary fields; idle fractions lie in
 [0, 1]; trace.json loads as a trace-event list; a failing write is reported once, not raised;
-after `truncate_to_step(N, t)` no output holds a step after N or a trace event ending after t.
+after `truncate_to_step(N, t)` no output holds a step after N or a trace event ending after t;
+the story names the reward trend (and warns under 8 steps), the steps without signal, the
+migrations, the layout changes and each planner conclusion once, and where plot.png is.
 """
 
 from __future__ import annotations
