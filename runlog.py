@@ -325,14 +325,15 @@ def plot_compare(compare: dict, path: Path) -> Path:
     return path
 
 
-def plot_run(run_dir: Path) -> Path:
-    """RUN_DIR/plot.png from metrics.jsonl: reward, tokens/s, the step split and the role map per step (bench.plot)."""
+def plot_run(run_dir: Path, rows: list[dict] | None = None) -> Path:
+    """RUN_DIR/plot.png from metrics.jsonl (or its `rows`, already read): reward, tokens/s, the step split and
+    the role map per step (bench.plot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(run_dir)
+    rows = read_metrics(run_dir) if rows is None else rows
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no steps yet; plot a run that finished at least one step")
     steps = [r["step"] for r in rows]

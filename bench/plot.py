@@ -18,9 +18,10 @@ def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m bench.plot RUN_DIR   (a directory with metrics.jsonl)")
     run_dir = Path(sys.argv[1])
-    out = plot_run(run_dir)
+    rows = read_metrics(run_dir)
+    out = plot_run(run_dir, rows)
     print(f"wrote {out}")
-    print(f"reward_last: {read_metrics(run_dir)[-1]['reward_mean']:.4f}")
+    print(f"reward_last: {rows[-1]['reward_mean']:.4f}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,8 +142,7 @@ class GlobalPlanner:
         self.prices_split = cost_model.prices_split  # False: keep the split (module docstring, 5)
         self._said_unpriced = False
         self.forecast_step_s: float | None = None  # the next step's time on the layout in force (module docstring, 6)
-        # what each check concluded, formatted only when taken (the simulator checks thousands of times)
-        self._notes: list[Callable[[], str]] = []
+        self._notes: list[str] = []  # what each check concluded (`take_notes`; the step core takes them every step)
 
     @property
     def rollout_scale(self) -> float:
@@ -174,7 +172,7 @@ class GlobalPlanner:
     def take_notes(self) -> list[str]:
         """What the checks since the last call concluded, in plain words: a layout kept and why, or a move."""
         notes, self._notes = self._notes, []
-        return [note() for note in notes]
+        return notes
 
     def _forecast(self) -> float | None:
         """The step time the model predicts for the layout in force on the recent workload, as calibrated."""
@@ -245,31 +243,28 @@ class GlobalPlanner:
             self._said_unpriced = True
             logger.info("planner keeps the trainer/rollout split: the cost model cannot price moving ranks between "
                         "them (the analytic tables on shared CPU cores); --planner.profile auto measures this machine")
-            self._notes.append(lambda: "kept the trainer/rollout split: the analytic cost tables cannot price a move "
-                                       "on shared CPU cores (--planner.profile auto measures this machine)")
+            self._notes.append("kept the trainer/rollout split: the analytic cost tables cannot price a move "
+                               "on shared CPU cores (--planner.profile auto measures this machine)")
         best = self._best(wl, starved)
         cur_s = self.search.predict(self.current, wl, self.scales)[0]
         role_map = self.search.build(best, self.current)
         switch = switch_of(self.current, role_map)
-        current = self.current
+        current = self.current.describe(version=False)
         if switch.moved == 0:
             logger.debug("plan kept (%s): the best layout is the current one (%.3fs)", why, cur_s)
-            self._notes.append(lambda: f"kept {current.describe(version=False)}: the best layout for the lengths measured "
-                                       f"({cur_s:.1f} s a step predicted)")
+            self._notes.append(f"kept {current}: the best layout for the lengths measured ({cur_s:.1f} s a step predicted)")
             return None
         reconfig, steps = self.reconfig_s(switch), self.payback_steps()
         gain = cur_s - best.step_s
         if cur_s < best.step_s * (1 + self.cfg.min_gain_ratio) or gain * steps <= reconfig:
-            def note() -> str:
-                new = role_map.describe(version=False)
-                return f"kept {current.describe(version=False)}: " + (
-                    "no step is left for a switch to pay back in" if steps == 0 else
-                    f"{new} would save {gain:.1f} s a step, {gain * steps:.1f} s over the {steps} step(s) left, "
-                    f"against the switch's {reconfig:.1f} s" if gain > 0 else
-                    f"{new} would be no faster ({best.step_s:.1f} s a step against {cur_s:.1f} s)")
+            new = role_map.describe(version=False)
+            note = f"kept {current}: " + (
+                "no step is left for a switch to pay back in" if steps == 0 else
+                f"{new} would save {gain:.1f} s a step, {gain * steps:.1f} s over the {steps} step(s) left, "
+                f"against the switch's {reconfig:.1f} s" if gain > 0 else
+                f"{new} would be no faster ({best.step_s:.1f} s a step against {cur_s:.1f} s)")
             self._notes.append(note)
-            if logger.isEnabledFor(logging.INFO):  # the simulator asks this thousands of times: no describe() then
-                logger.info("planner %s (%s)", note(), why.strip())
+            logger.info("planner %s (%s)", note, why.strip())
             return None
         self.current, self._steps_on_layout, self._switch = role_map, 0, switch
         return self._decision(best, role_map, cur_s, switch, why, f"; the switch's {reconfig:.1f}s paid back over {steps} step(s)")
@@ -303,7 +298,7 @@ class GlobalPlanner:
                    "num_moved": switch.moved, "rollout_scale": self.scales.rollout, "train_scale": self.scales.train}
         reason = f"{why}: {rm.describe()} predicted {c.step_s:.3f}s vs {cur_s:.3f}s{payback}"
         logger.info("planner %s", reason)
-        self._notes.append(lambda: f"moved to {rm.describe(version=False)} ({why.strip()}): {c.step_s:.1f} s a step predicted against "
-                                   f"{cur_s:.1f} s{payback}")
+        self._notes.append(f"moved to {rm.describe(version=False)} ({why.strip()}): {c.step_s:.1f} s a step predicted "
+                           f"against {cur_s:.1f} s{payback}")
         return PlanDecision(role_map=rm, predicted_step_s=c.step_s, current_step_s=cur_s,
                             reconfig_s=self.reconfig_s(switch), reason=reason, details=details)

@@ -264,10 +264,9 @@ def _write_summary(results: list, out_dir: Path) -> None:
     summary["peak_rss_mb_per_rank"] = [round(r["peak_rss_mb"], 1) for r in ranks]
     RunWriter(out_dir).summary(summary)
     rows = read_metrics(out_dir) if (out_dir / "metrics.jsonl").is_file() else []
-    if rows:
-        plot_run(out_dir)
     print_summary(summary, out_dir)
     if rows:
+        plot_run(out_dir, rows)
         print("\n".join(run_story(summary, rows, out_dir)))
     if summary.get("stopped_by"):
         ckpt = checkpoint.latest(out_dir)
