@@ -46,8 +46,8 @@ def test_a_hybrid_run_trains_and_generates_on_the_same_ranks_one_step_ahead(tmp_
     assert sum(row.get("trajectories_at_lag/1", 0) for row in metrics) >= 4  # step 2 was generated during step 1
 
 
-@pytest.mark.parametrize("design, lags", [("libra-hybrid", {1}), ("colocate", {0}), ("libra-partial", {1})])
-def test_libra_moves_to_another_design_mid_run(tmp_path, design, lags):
+@pytest.mark.parametrize("design, lag", [("libra-hybrid", 1), ("colocate", 0), ("libra-partial", 1)])
+def test_libra_moves_to_another_design_mid_run(tmp_path, design, lag):
     """The design planner (scheduler/design_planner.py) on real ranks: after step 1 on the split, libra moves
     to the design --planner.design allows, and the step core runs its lookahead and batching from there."""
     summary, metrics = run_libra(tmp_path, "--bench", "math", "--system", "libra", "--steps", "4",
@@ -56,9 +56,10 @@ def test_libra_moves_to_another_design_mid_run(tmp_path, design, lags):
     assert summary["ledger"]["trained"] == 16 and summary["role_map_changes"] == 1
     colocated = design != "libra-partial"
     assert [row["role_map"]["trainer"] == 4 for row in metrics] == [False] + [colocated] * 3
-    # from step 3 on, every trajectory was admitted on the new design: its lag is the design's
-    assert all(set(k.split("/")[1] for k in row if k.startswith("trajectories_at_lag/")) == {str(x) for x in lags}
-               for row in metrics[2:])
+    # from step 3 on, every trajectory was admitted on the new design: none trained past the design's lag, and
+    # the design ran at it (a finish-order group that finishes within its own step trains at a lower lag)
+    lags = [int(k.split("/")[1]) for row in metrics[2:] for k in row if k.startswith("trajectories_at_lag/")]
+    assert max(lags) == lag, lags
 
 
 def check_outputs(summary: dict, metrics: list[dict], steps: int) -> None:
