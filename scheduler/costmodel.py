@@ -166,6 +166,12 @@ class CostModelConfig:
             )
 
 
+def shared_core_slowdown(busy: float, cores: int, measured_busy: float = 1) -> float:
+    """How much slower work runs with `busy` processes on `cores` shared cores than it did when it
+    was measured with `measured_busy` of them (processor sharing: each gets cores/busy of a core)."""
+    return max(1.0, busy / cores) / max(1.0, measured_busy / cores)
+
+
 class CostModel:
     """Predicted seconds for the operations the planner trades off (see the module docstring)."""
 
@@ -233,6 +239,35 @@ class CostModel:
         gather_s = self.model.weight_bytes * (t - 1) / t / self.hw.link_bw_bytes_s
         send_s = 0.0 if colocated else self.model.weight_bytes / self.hw.link_bw_bytes_s
         return gather_s + send_s + self.cfg.sync_per_device_s * num_rollout_devices
+
+    def train_measured_busy(self, num_devices: int) -> int:
+        """Processes that were busy when `train_s(.., num_devices)` was measured (a profile measured a few
+        rank counts and extrapolates the others as if each rank had a core of its own)."""
+        return num_devices
+
+    def on_shared_cores(self, rollout_s: float, train_s: float, *, num_rollout: int, num_trainer: int,
+                        overlap: bool) -> tuple[float, float]:
+        """(rollout_s, train_s) of one step where every rank shares `shared_cores` cores (a CPU profile;
+        unchanged where each rank has a device). Each stage was measured with its own ranks busy; in a
+        run it also shares the cores with the other stage for the part of its time they `overlap`
+        (a pipelined split: the next step's rollout runs while the trainer trains), so each process
+        gets cores / busy of a core (the simulator's processor sharing, on average over the step).
+        Measured (bench.trainer beside busy processes, 2 cores, SmolLM2): two FSDP ranks train at 1.32x
+        one alone, 0.86x beside one busy process and 1.01x beside two; processor sharing predicts
+        1.32, 0.88 and 0.99."""
+        if not self.shared_cores:
+            return rollout_s, train_s
+        cores, measured = self.shared_cores, self.train_measured_busy(num_trainer)
+        roll, train = rollout_s, train_s
+        for _ in range(64):  # the overlap depends on the shared times: a damped fixed point
+            beside_rollout = num_trainer * min(1.0, train / roll) if overlap and roll > 0 else 0.0
+            beside_train = num_rollout * min(1.0, roll / train) if overlap and train > 0 else 0.0
+            new = ((roll + rollout_s * shared_core_slowdown(num_rollout + beside_rollout, cores)) / 2,
+                   (train + train_s * shared_core_slowdown(num_trainer + beside_train, cores, measured)) / 2)
+            if new == (roll, train):
+                break
+            roll, train = new
+        return roll, train
 
     def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
         """Switching `num_moved_devices` ranks to a new role: rebuild groups, load their new state

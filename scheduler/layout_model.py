@@ -29,6 +29,11 @@ Algorithm:
    rollout_scale, train = train(G-R) x train_scale. (Modelled as max(rollout, train) + sync, the
    planner took trainers for a tail the overlap already hid: 48xA800 math ran 13% slower than
    with the split kept.)
+5. On a CPU whose cores every rank shares (a measured profile's `cores`), each stage was measured
+   with its own ranks busy: rollout and training are stretched by processor sharing beside the
+   other stage for the part of the step they overlap (`CostModel.on_shared_cores`). (Priced as if
+   each rank had a core, a second SmolLM2 trainer rank on 2 cores looked 1.39x faster; beside the
+   rollout it was no faster, and the planner had moved a rank for it.)
 
 The length sample (`Workload.from_stats`) takes each step's finished trajectories and, for
 finish-order batches, the ones still running as lower bounds (`uncensored`: each imputed as the
@@ -356,10 +361,21 @@ class LayoutModel:
         return by_bucket
 
     def throughput_s(self, rm: RoleMap, wl: Workload) -> float:
-        """The slowest bucket's time for its work on `rm` at full throughput, tails aside."""
+        """The slowest bucket's time for its work on `rm` at full throughput, tails aside (on shared cores,
+        beside a trainer that trains all the while where the stages overlap)."""
         by_bucket = self.instances_by_bucket(rm)
         active = tuple(sorted(by_bucket))
-        return max(self._thr_s(d, by_bucket[a]) for a, d in zip(active, self.demands(wl, active)) if d.n > 0)
+        thr = max(self._thr_s(d, by_bucket[a]) for a, d in zip(active, self.demands(wl, active)) if d.n > 0)
+        return self.on_cores(rm, thr, math.inf)[0]
+
+    def overlaps(self, rm: RoleMap) -> bool:
+        """Whether `rm`'s rollout runs while its trainer trains (a pipelined split; colocated ranks alternate)."""
+        return self.lookahead > 0 and not rm.colocated
+
+    def on_cores(self, rm: RoleMap, rollout_s: float, train_s: float) -> tuple[float, float]:
+        """(rollout_s, train_s) of `rm` where every rank shares a CPU's cores (`CostModel.on_shared_cores`)."""
+        return self.cm.on_shared_cores(rollout_s, train_s, num_rollout=len(rm.rollout_ranks),
+                                       num_trainer=len(rm.trainer_ranks), overlap=self.overlaps(rm))
 
     def predict(self, rm: RoleMap, wl: Workload, scales: Scales) -> tuple[float, float, float]:
         """(step_s, rollout_s, train_s) predicted for an existing role map."""
@@ -370,7 +386,7 @@ class LayoutModel:
         tool = wl.tool_s_per_token
         path = sum(self.path_s(d, tp, sum(by_bucket[a].values()), tool) for a, d, tp in zip(active, demands, tps))
         rollout = max(path, *(self.bucket_s(d, by_bucket[a], tool) for a, d in zip(active, demands)))
-        rollout *= scales.rollout
-        train = self.train_s(wl, len(rm.trainer_ranks), scales)
+        rollout, train = self.on_cores(rm, rollout, self.train_s(wl, len(rm.trainer_ranks), Scales()))
+        rollout, train = rollout * scales.rollout, train * scales.train
         sync = self.cm.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks))
         return pipeline_step_s(rollout, train, sync, self.lookahead), rollout, train

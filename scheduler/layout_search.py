@@ -169,7 +169,9 @@ class LayoutSearch(LayoutModel):
             if entry is None or not lo <= r <= hi or g - r < self.min_train:
                 continue
             t, active, tps, ks = entry
-            roll, train, sync = t * scales.rollout, self.train_s(wl, g - r, scales), self.cm.sync_s(r, g - r)
+            roll, train = self.cm.on_shared_cores(t, self.train_s(wl, g - r, Scales()), num_rollout=r,
+                                                  num_trainer=g - r, overlap=self.lookahead > 0)
+            roll, train, sync = roll * scales.rollout, train * scales.train, self.cm.sync_s(r, g - r)
             step = pipeline_step_s(roll, train, sync, self.lookahead)
             key = (step, r != cur_r, r)
             if best is None or key < best[0]:

@@ -14,8 +14,9 @@ A profile (JSON, `HardwareProfile.save`, written atomically) holds, for one mode
     ranks only costs the rebuild and a sync;
   - step_overhead_s: the control plane's fixed cost per step (messages, waits, bookkeeping);
   - cores: on a CPU every rank (and every tool process) shares these cores, so the simulator
-    slows everything that runs by busy processes / cores once they outnumber the cores; each
-    time above was measured with that many processes busy (decode and prefill: one).
+    slows everything that runs by busy processes / cores once they outnumber the cores, and the
+    planner prices each stage beside the other (`CostModel.on_shared_cores`); each time above
+    was measured with that many processes busy (decode and prefill: one).
 
 `ProfiledCostModel` answers the `CostModel` questions from those points: decode is bilinear in
 (log2 batch, context) on the measured grid and linear beyond it; prefill piecewise linear in the
@@ -38,7 +39,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scheduler.costmodel import HARDWARE, MODELS, CostModel, ModelSpec
+from scheduler.costmodel import HARDWARE, MODELS, CostModel, ModelSpec, shared_core_slowdown
 
 FIX = "write one with `python -m bench.profile --model M --out FILE`"
 HANDOFF_RANKS = 2  # ranks bench.profile times a role switch's trainer hand-off on
@@ -128,12 +129,6 @@ class HardwareProfile:
         return cls.from_dict(data)
 
 
-def shared_core_slowdown(busy: float, cores: int, measured_busy: float = 1) -> float:
-    """How much slower work runs with `busy` processes on `cores` shared cores than it did when it
-    was measured with `measured_busy` of them (processor sharing: each gets cores/busy of a core)."""
-    return max(1.0, busy / cores) / max(1.0, measured_busy / cores)
-
-
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise linear through (xs, ys) (xs sorted); linear extension past both ends, never below 0."""
     if len(xs) == 1:
@@ -194,6 +189,10 @@ class ProfiledCostModel(CostModel):
             slope = math.log(v1 / v0) / math.log(k1 / k0)
             tps = v0 * (num_devices / k0) ** slope
         return max(0, num_tokens) / tps
+
+    def train_measured_busy(self, num_devices: int) -> int:
+        # a measured count ran that many ranks; past the largest, the log-log extrapolation is per rank of its own
+        return min(num_devices, max(k for k, _ in self._train))
 
     def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
         if num_rollout_devices < 1:

@@ -34,10 +34,9 @@ import heapq
 import logging
 
 from steps import commands, core
-from scheduler.costmodel import MemoizedCost
+from scheduler.costmodel import MemoizedCost, shared_core_slowdown
 from scheduler.layout import RoleMap
 from scheduler.layout_search import switch_of
-from scheduler.profile import shared_core_slowdown
 from sim.instance import SimInstance, SimRequest
 
 log = logging.getLogger(__name__)
@@ -285,7 +284,8 @@ class ClusterSim:
         dur = self.cost.train_s(tokens, num_trainer) if stepped else 0.0
         self.training = dur > 0
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
-            dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores, num_trainer)
+            dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores,
+                                        self.cost.train_measured_busy(num_trainer))
         self.trainer_busy = True
         if dur and self._time_shared():  # the ranks that train are the rollout's: generation pauses meanwhile
             for inst in self.instances.values():

@@ -1,15 +1,19 @@
 """scheduler/profile.py: a measured profile round-trips through JSON, the profiled cost model
 returns the measured times at measured points and is monotone between them, bad profiles are
 refused with the command that writes one, and the planner's payback rule uses the measured
-reconfiguration time (a switch the remaining steps cannot pay back is refused)."""
+reconfiguration time (a switch the remaining steps cannot pay back is refused); on shared cores a stage
+runs at its share of them, as measured, and the split is priced as the real runs measured it."""
 
+import dataclasses
 import json
 import random
+from pathlib import Path
 
 import pytest
 
 from scheduler.api import StepStats
-from scheduler.layout import BucketsConfig
+from scheduler.layout import Bucket, BucketsConfig, split_role_map
+from scheduler.layout_model import LayoutModel, Scales
 from scheduler.planner import GlobalPlanner, PlannerConfig, Workload
 from scheduler.profile import HardwareProfile, ProfiledCostModel, load_cost_model
 
@@ -135,3 +139,42 @@ def test_a_hand_off_beside_busy_ranks_on_shared_cores_takes_longer():
     assert cm.reconfig_s(1, busy_ranks=2) == 2.0 and cm.reconfig_s(1, busy_ranks=4) == pytest.approx(4.0)
     assert cm.reconfig_s(1, trainer_moved=False, busy_ranks=4) == pytest.approx(0.15)  # no hand-off to slow down
     assert ProfiledCostModel(profile()).reconfig_s(1, busy_ranks=8) == 2.0  # cores unknown: as measured
+
+
+def test_on_shared_cores_a_stage_runs_at_its_share_of_the_cores_as_measured():
+    # bench.trainer beside busy processes on 2 cores (SmolLM2, 2026-12-07): two FSDP ranks trained at 1.32x one
+    # alone, 0.86x beside one busy process and 1.01x beside two
+    cm = ProfiledCostModel(profile(cores=2, train_tokens_per_s={1: 100.0, 2: 132.0}))
+
+    def speed(ranks: int, beside: int) -> float:  # the rollout busy the whole time the trainer trains
+        _, train = cm.on_shared_cores(1e9, cm.train_s(1000, ranks), num_rollout=beside, num_trainer=ranks, overlap=True)
+        return 1000 / train
+
+    assert speed(2, 0) / speed(1, 0) == pytest.approx(1.32)
+    assert speed(2, 1) / speed(1, 1) == pytest.approx(0.88)  # measured 0.86: a second rank now costs
+    assert speed(2, 2) / speed(1, 2) == pytest.approx(0.99)  # measured 1.01
+    # stages that alternate (colocated, on-policy) share the cores among their own ranks only
+    # (4 trainer ranks extrapolated from 1..2, each as if on a core of its own: on 2 cores half of one each)
+    assert cm.on_shared_cores(10.0, 5.0, num_rollout=4, num_trainer=4, overlap=False) == pytest.approx((20.0, 10.0))
+    assert ProfiledCostModel(profile()).on_shared_cores(10.0, 5.0, num_rollout=4, num_trainer=4, overlap=True) == (10.0, 5.0)
+
+
+def test_on_shared_cores_the_split_is_priced_as_the_real_runs_measured_it():
+    # smollm2-cpu-profile.json: what `bench.convergence --model smollm2` measured on 2 cores before its runs of
+    # 2026-12-07 (two trainer ranks 1.39x one, each with a core to itself). On the digit task (32 trajectories of
+    # ~27 tokens a step, 4 ranks) the split with one trainer rank stepped 15.3 s (partial-rollout, mean of 2 seeds,
+    # steps 3-10) and with two 16.0 s (libra): the second rank takes its core from the rollout.
+    wl = Workload(trajectory_tokens=tuple([20] * 8 + [25] * 8 + [28] * 8 + [34] * 8), num_trajectories=32, train_tokens=858)
+    buckets = (Bucket(name="short", max_tokens=None),)
+
+    def step_s(cores: int | None, num_trainer: int) -> float:
+        prof = HardwareProfile.load(Path(__file__).with_name("smollm2-cpu-profile.json"))
+        cm = ProfiledCostModel(prof if cores is None else dataclasses.replace(prof, cores=cores))
+        rm = split_role_map(world_size=4, num_trainer=num_trainer, buckets=buckets,
+                            rollout_tp=tuple(("short", 1) for _ in range(4 - num_trainer)))
+        return LayoutModel(cm, buckets, max_batch=32, lookahead=1).predict(rm, wl, Scales())[0]
+
+    # within 25%: the profile measured the trainer under a load of 2.7 (75 tokens/s on one rank; bench.trainer
+    # on a quiet machine 100), so it prices the one-rank split 20% slow
+    assert step_s(None, 1) == pytest.approx(15.3, rel=0.25) and step_s(None, 2) == pytest.approx(16.0, rel=0.25)
+    assert step_s(0, 2) < 16.0 * 0.7  # priced as if each rank had a core: 10.8 s, and the planner moved for it

@@ -31,6 +31,9 @@ class FakeCost:
     def train_s(self, num_tokens, num_devices):
         return 2.0
 
+    def train_measured_busy(self, num_devices):
+        return num_devices
+
     def sync_s(self, num_rollout_devices, num_trainer_devices=1, colocated=False):
         return 0.5
 
