@@ -240,6 +240,10 @@ class CostModel:
         send_s = 0.0 if colocated else self.model.weight_bytes / self.hw.link_bw_bytes_s
         return gather_s + send_s + self.cfg.sync_per_device_s * num_rollout_devices
 
+    def host_fits(self, num_trainer: int, num_rollout: int) -> bool:
+        """Whether a run's ranks fit the host's memory (a measured CPU profile knows; a device per rank: yes)."""
+        return True
+
     def train_measured_busy(self, num_devices: int) -> int:
         """Processes that were busy when `train_s(.., num_devices)` was measured (a profile measured a few
         rank counts and extrapolates the others as if each rank had a core of its own)."""

@@ -179,6 +179,8 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     single = (dataclasses.replace(space.buckets[-1], max_tokens=None),)
     model = LayoutModel(cm, single, max_batch=space.max_batch, lookahead=0)
     tps = [t for t in space.allowed_tp if g % t == 0 and t >= cm.min_rollout_tp() and cm.model.tp_divides(t)]
+    if not cm.host_fits(g, g):  # every rank holds a trainer shard and a rollout model
+        return
     for tp in tps:
         rm = colocated_role_map(world_size=g, tp=tp)
         _, rollout, train = model.predict(rm, wl, Scales())

@@ -49,10 +49,11 @@ class Choice:
 
 class LayoutSearch(LayoutModel):
     def __init__(self, cm: CostModel, world_size: int, buckets: tuple[Bucket, ...], *, allowed_tp: tuple[int, ...],
-                 max_batch: int, min_tp: int, min_train: int, lookahead: int = 1) -> None:
+                 max_batch: int, min_tp: int, min_train: int, lookahead: int = 1, check_host: bool = True) -> None:
         super().__init__(cm, buckets, max_batch=max_batch, lookahead=lookahead)
         self.world_size, self.allowed_tp = world_size, allowed_tp
         self.min_tp, self.min_train = min_tp, min_train
+        self.check_host = check_host  # a CPU run's ranks share the host's memory: no split past it
         self._tables: dict = {}  # (demand without its path piece, tp) -> T(k), valid for one search
         self._paths: dict = {}  # (that key, path piece) -> P(k), valid for one search
 
@@ -168,6 +169,8 @@ class LayoutSearch(LayoutModel):
         for r, entry in enumerate(best_r):
             if entry is None or not lo <= r <= hi or g - r < self.min_train:
                 continue
+            if self.check_host and not self.cm.host_fits(g - r, r):
+                continue
             t, active, tps, ks = entry
             roll, train = self.cm.on_shared_cores(t, self.train_s(wl, g - r, Scales()), num_rollout=r,
                                                   num_trainer=g - r, overlap=self.lookahead > 0)
@@ -179,8 +182,8 @@ class LayoutSearch(LayoutModel):
         if best is None:
             raise ValueError(
                 f"planner: no layout of {g} devices fits (rollout TP >= {self.min_tp}, trainer >= {self.min_train} "
-                f"devices, {lo}..{hi} rollout devices); add devices or set "
-                "check_memory=False")
+                f"devices, {lo}..{hi} rollout devices{', within the host memory' if self.check_host else ''}); add "
+                "devices (on a CPU: memory, or fewer ranks with --nproc) or set check_memory=False")
         best = best[1]
         best.ks = self._fill(wl, best)
         self._tables, self._paths = {}, {}

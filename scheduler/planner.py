@@ -130,7 +130,8 @@ class GlobalPlanner:
         self.search = LayoutSearch(cost_model, world_size, buckets.buckets() if self.cfg.heterogeneous else buckets.single(),
                                    allowed_tp=self.cfg.allowed_tp, max_batch=self.cfg.max_batch,
                                    min_tp=cost_model.min_rollout_tp() if check else 1,
-                                   min_train=cost_model.min_train_devices() if check else 1, lookahead=lookahead)
+                                   min_train=cost_model.min_train_devices() if check else 1, lookahead=lookahead,
+                                   check_host=check)
         self._history: list[StepStats] = []
         self._steps_since_plan = 0
         self._steps_on_layout = 0  # steps since the layout last changed (or since the start)

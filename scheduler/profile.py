@@ -43,6 +43,7 @@ from scheduler.costmodel import HARDWARE, MODELS, CostModel, ModelSpec, shared_c
 
 FIX = "write one with `python -m bench.profile --model M --out FILE`"
 HANDOFF_RANKS = 2  # ranks bench.profile times a role switch's trainer hand-off on
+HOST_MEM_FRAC = 0.8  # of the host's memory a CPU run's ranks may take at their peaks (the launcher, tools and OS need the rest)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,11 @@ class HardwareProfile:
     step_overhead_s: float = 0.0
     gather_s: dict[int, float] = field(default_factory=dict)  # trainer ranks -> full-weight gather seconds; {} = free
     cores: int = 0  # CPU cores the ranks of a run share (device cpu); 0: every rank has a device of its own
+    # host memory (device cpu: every rank's memory is the host's): peak RSS of one trainer rank per trainer rank
+    # count, of one rollout rank, and the host's total; {} / 0: unknown (not checked)
+    trainer_rss_bytes: dict[int, float] = field(default_factory=dict)
+    rollout_rss_bytes: float = 0.0
+    host_mem_bytes: float = 0.0
     meta: dict = field(default_factory=dict)  # host, torch version, date, threads: for the reader
     spec: dict = field(default_factory=dict)  # the ModelSpec's fields of a model outside the tables ({}: MODELS[arch])
 
@@ -76,6 +82,9 @@ class HardwareProfile:
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times) or self.step_overhead_s < 0 \
                 or self.cores < 0:
             raise ValueError(f"profile: every measured time must be a positive finite number; {FIX}")
+        sizes = [*self.trainer_rss_bytes.values(), self.rollout_rss_bytes, self.host_mem_bytes]
+        if not all(isinstance(b, (int, float)) and math.isfinite(b) and b >= 0 for b in sizes):
+            raise ValueError(f"profile: trainer_rss_bytes, rollout_rss_bytes and host_mem_bytes must be finite and >= 0; {FIX}")
         if self.spec:
             try:
                 ModelSpec(**self.spec)
@@ -89,6 +98,7 @@ class HardwareProfile:
         d = asdict(self)
         d["train_tokens_per_s"] = {str(k): v for k, v in self.train_tokens_per_s.items()}
         d["gather_s"] = {str(k): v for k, v in self.gather_s.items()}
+        d["trainer_rss_bytes"] = {str(k): v for k, v in self.trainer_rss_bytes.items()}
         return d
 
     @classmethod
@@ -102,6 +112,9 @@ class HardwareProfile:
                        reconfig_s=float(d["reconfig_s"]), step_overhead_s=float(d.get("step_overhead_s", 0.0)),
                        gather_s={int(k): float(v) for k, v in d.get("gather_s", {}).items()},
                        cores=int(d.get("cores", 0)),
+                       trainer_rss_bytes={int(k): float(v) for k, v in d.get("trainer_rss_bytes", {}).items()},
+                       rollout_rss_bytes=float(d.get("rollout_rss_bytes", 0.0)),
+                       host_mem_bytes=float(d.get("host_mem_bytes", 0.0)),
                        meta=dict(d.get("meta", {})), spec=dict(d.get("spec", {})))
         except KeyError as exc:
             raise ValueError(f"profile lacks the field {exc.args[0]!r}; {FIX}") from None
@@ -189,6 +202,22 @@ class ProfiledCostModel(CostModel):
             slope = math.log(v1 / v0) / math.log(k1 / k0)
             tps = v0 * (num_devices / k0) ** slope
         return max(0, num_tokens) / tps
+
+    def host_need_bytes(self, num_trainer: int, num_rollout: int) -> float:
+        """Peak host memory of a CPU run's ranks: each trainer rank's measured peak RSS (a fixed part plus the
+        sharded state, a + b / k through the measured rank counts) and each rollout rank's (a colocated rank
+        counts as both). 0 where the profile measured no memory."""
+        if self.profile.device != "cpu" or not self.profile.trainer_rss_bytes or not self.profile.rollout_rss_bytes:
+            return 0.0  # a device per rank holds its own state
+        pts = sorted(self.profile.trainer_rss_bytes.items())
+        (k0, r0), (k1, r1) = pts[0], pts[-1]
+        shard = (r0 - r1) / (1 / k0 - 1 / k1) if k1 != k0 else 0.0  # the part FSDP divides among the ranks
+        per_trainer = max(0.0, r1 - shard / k1 + shard / max(1, num_trainer))
+        return num_trainer * per_trainer + num_rollout * self.profile.rollout_rss_bytes
+
+    def host_fits(self, num_trainer: int, num_rollout: int) -> bool:
+        need = self.host_need_bytes(num_trainer, num_rollout)
+        return not need or not self.profile.host_mem_bytes or need <= HOST_MEM_FRAC * self.profile.host_mem_bytes
 
     def train_measured_busy(self, num_devices: int) -> int:
         # a measured count ran that many ranks; past the largest, the log-log extrapolation is per rank of its own

@@ -7,7 +7,8 @@ Measures, with the runtime's own code on the machine it runs on, and writes a
     steps of the B-row batch are timed (median of `--decode-steps`), for each B and C of the grid;
   - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (`train_rate`,
     also bench/trainer.py's), and there the trainer's full-weight gather (`Trainer.full_state_dict`)
-    that every sync starts with;
+    that every sync starts with, and a trainer rank's peak RSS (a CPU run's ranks share the host's
+    memory: the planner keeps its layouts within it); a rollout rank's peak RSS is the decode's;
   - weight sync and group rebuild: `engine.runtime.weights` transfer of the model's bytes and
     `GroupManager.apply` of a new role map over `--ranks` gloo ranks;
   - reconfiguration: a role switch as the coordinator runs it, less the drain (tool calls in
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -57,6 +59,11 @@ from scheduler.profile import HANDOFF_RANKS, HardwareProfile
 
 
 _T0 = time.perf_counter()
+
+
+def _peak_rss_bytes() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
 
 
 def _say(line: str) -> None:
@@ -115,7 +122,8 @@ def _train_rank(ctx, model_spec: str, num_ranks: int, steps: int, num_trajectori
         trainer.full_state_dict()
         gather_s.append(time.perf_counter() - t0)
     return {"elapsed_s": elapsed, "tokens": metrics["train/tokens"] * steps, "loss": metrics["train/loss"],
-            "params": sum(p.numel() for p in model.parameters()), "gather_s": sorted(gather_s)[1]}
+            "params": sum(p.numel() for p in model.parameters()), "gather_s": sorted(gather_s)[1],
+            "rss_bytes": _peak_rss_bytes()}
 
 
 def train_rate(model_spec: str, num_ranks: int, *, steps: int, num_trajectories: int, seq_len: int,
@@ -130,7 +138,8 @@ def train_rate(model_spec: str, num_ranks: int, *, steps: int, num_trajectories:
     )
     slowest = max(r["elapsed_s"] for r in results)
     return {"tokens_per_s": results[0]["tokens"] / slowest, "elapsed_s": slowest, "loss": results[0]["loss"],
-            "params": results[0]["params"], "gather_s": max(r["gather_s"] for r in results)}
+            "params": results[0]["params"], "gather_s": max(r["gather_s"] for r in results),
+            "rss_bytes": max(r["rss_bytes"] for r in results)}
 
 
 def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], decode_steps: int, prefill_repeats: int = 3):
@@ -164,7 +173,7 @@ def measure_rollout(model_spec: str, batches: list[int], contexts: list[int], de
                 prefill.append((n_tok, _median_s(lambda: BatchRunner(model, device="cpu").prefill(["x"], [ids]),
                                                  prefill_repeats)))
     num_params = sum(p.numel() for p in model.parameters())
-    return decode, sorted(prefill), num_params
+    return decode, sorted(prefill), num_params, _peak_rss_bytes()  # a rollout rank: the model and the largest batch's KV
 
 
 def _comm_rank(ctx, nbytes: int, rebuilds: int, syncs: int):
@@ -257,15 +266,16 @@ def measure_handoff(model_spec: str) -> dict:
     return out
 
 
-def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> tuple[dict[int, float], dict[int, float]]:
-    """Tokens/s and the full-weight gather's seconds per trainer rank count."""
-    tokens_per_s, gather_s = {}, {}
+def measure_train(model_spec: str, max_ranks: int, seq_len: int) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
+    """Tokens/s, the full-weight gather's seconds and a rank's peak RSS per trainer rank count."""
+    tokens_per_s, gather_s, rss = {}, {}, {}
     for n in range(1, max_ranks + 1):
         r = train_rate(model_spec, n, steps=2, num_trajectories=4, seq_len=seq_len, micro_batch_tokens=1024,
                        threads_per_rank=1, timeout_s=900.0)
-        tokens_per_s[n], gather_s[n] = r["tokens_per_s"], r["gather_s"]
-        _say(f"train {n} rank(s): {tokens_per_s[n]:8.1f} tokens/s, full-weight gather {gather_s[n] * 1e3:.1f} ms")
-    return tokens_per_s, gather_s
+        tokens_per_s[n], gather_s[n], rss[n] = r["tokens_per_s"], r["gather_s"], r["rss_bytes"]
+        _say(f"train {n} rank(s): {tokens_per_s[n]:8.1f} tokens/s, full-weight gather {gather_s[n] * 1e3:.1f} ms, "
+             f"peak RSS {rss[n] / 2**30:.2f} GiB a rank")
+    return tokens_per_s, gather_s, rss
 
 
 def _timed_train(trainer, batch, version: int, group) -> tuple[float, float]:
@@ -299,6 +309,7 @@ def _quick_trainer_rank(ctx, model_spec: str, out_dir: str, num_trajectories: in
         model, tok = load_policy(model_spec, device="cpu")
         old = Trainer(model, cfg, group=None, device="cpu")
         out["tps_1"], out["gather_1"] = _timed_train(old, synthetic_batch(num_trajectories, seq_len, len(tok), 0), 0, None)
+        out["rss_1"] = _peak_rss_bytes()
         t0 = time.perf_counter()
         save_handoff(old, out_dir, write=True)
         out["save_s"] = time.perf_counter() - t0
@@ -312,11 +323,13 @@ def _quick_trainer_rank(ctx, model_spec: str, out_dir: str, num_trajectories: in
     out["load_s"] = time.perf_counter() - t0
     batch = synthetic_batch(num_trajectories * ctx.world_size, seq_len, len(tok), 1)
     out["tps_n"], out["gather_n"] = _timed_train(trainer, batch, 1, dist.group.WORLD)
+    out["rss_n"] = _peak_rss_bytes()  # rank 0's includes its lone trainer's: the others' is an FSDP rank's
     return out
 
 
-def measure_train_quick(model_spec: str, num_trajectories: int, seq_len: int) -> tuple[dict, dict, dict]:
-    """`--quick`: (tokens/s, gather seconds) per trainer rank count {1, HANDOFF_RANKS}, and the hand-off's seconds."""
+def measure_train_quick(model_spec: str, num_trajectories: int, seq_len: int) -> tuple[dict, dict, dict, dict]:
+    """`--quick`: (tokens/s, gather seconds, a rank's peak RSS) per trainer rank count {1, HANDOFF_RANKS}, and the
+    hand-off's seconds."""
     _say(f"training {num_trajectories} x {seq_len} tokens on 1 rank, the hand-off, then as much per rank on "
          f"{HANDOFF_RANKS} ranks (the longest part)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -325,11 +338,13 @@ def measure_train_quick(model_spec: str, num_trajectories: int, seq_len: int) ->
     n = HANDOFF_RANKS
     tokens_per_s = {1: res[0]["tps_1"], n: res[0]["tps_n"]}
     gather_s = {1: res[0]["gather_1"], n: max(r["gather_n"] for r in res)}
+    rss = {1: res[0]["rss_1"], n: max(r["rss_n"] for r in res[1:])}
     handoff = {"save_s": res[0]["save_s"], "load_s": max(r["load_s"] for r in res)}
     for k in (1, n):
-        _say(f"train {k} rank(s): {tokens_per_s[k]:8.1f} tokens/s, full-weight gather {gather_s[k] * 1e3:.1f} ms")
+        _say(f"train {k} rank(s): {tokens_per_s[k]:8.1f} tokens/s, full-weight gather {gather_s[k] * 1e3:.1f} ms, "
+             f"peak RSS {rss[k] / 2**30:.2f} GiB a rank")
     _say(f"hand-off: save {handoff['save_s']:.2f} s, build + load on {n} trainer ranks {handoff['load_s']:.2f} s")
-    return tokens_per_s, gather_s, handoff
+    return tokens_per_s, gather_s, rss, handoff
 
 
 # the grid and repetitions of a full profile and of `--quick` (flags given explicitly win over both)
@@ -373,14 +388,14 @@ def measure_profile(args: argparse.Namespace) -> HardwareProfile:
 
     t_start = time.time()
     _say(f"profiling {args.model} on {args.device} ({os.cpu_count()} cores){', quick' if args.quick else ''}")
-    decode, prefill, num_params = measure_rollout(args.model, [int(x) for x in args.batches.split(",")],
+    decode, prefill, num_params, rollout_rss = measure_rollout(args.model, [int(x) for x in args.batches.split(",")],
                                                   [int(x) for x in args.contexts.split(",")], args.decode_steps,
                                                   prefill_repeats=1 if args.quick else 3)
     if args.quick:
-        train, gather, handoff = measure_train_quick(args.model, args.train_trajectories, args.train_seq_len)
+        train, gather, trainer_rss, handoff = measure_train_quick(args.model, args.train_trajectories, args.train_seq_len)
         comm = measure_comm(num_params, args.ranks, rebuilds=2, syncs=1)
     else:
-        train, gather = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
+        train, gather, trainer_rss = measure_train(args.model, args.max_trainer_ranks, args.train_seq_len)
         comm = measure_comm(num_params, args.ranks)
         handoff = measure_handoff(args.model)
     arch, spec = model_arch_name(args.model), model_spec(args.model)
@@ -391,6 +406,8 @@ def measure_profile(args: argparse.Namespace) -> HardwareProfile:
         # a switch as the coordinator runs it: hand-off save, rebuild, new trainers built and loaded, a sync
         reconfig_s=handoff["save_s"] + comm["rebuild_s"] + handoff["load_s"] + comm["sync_s"],
         step_overhead_s=2 * comm["rtt_s"] + args.poll_s, gather_s=gather, cores=os.cpu_count() or 1,
+        trainer_rss_bytes=trainer_rss, rollout_rss_bytes=rollout_rss,
+        host_mem_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         meta={"host": os.uname().nodename, "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "params": num_params, "profile_wall_s": round(time.time() - t_start, 1),
               "load_1m": os.getloadavg()[0], "quick": args.quick})

@@ -40,7 +40,7 @@ from scheduler.profile import HardwareProfile
 
 log = logging.getLogger("libra")
 
-PROFILE_VERSION = 2  # bump when engine.runtime.profile --quick changes what it measures: cached entries are measured again
+PROFILE_VERSION = 3  # bump when engine.runtime.profile --quick changes what it measures: cached entries are measured again
 # 2: the rollout engine's CPU linears run oneDNN (engine/rollout/cpu_linear.py), so its decode and prefill times changed
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -178,3 +178,29 @@ def test_on_shared_cores_the_split_is_priced_as_the_real_runs_measured_it():
     # on a quiet machine 100), so it prices the one-rank split 20% slow
     assert step_s(None, 1) == pytest.approx(15.3, rel=0.25) and step_s(None, 2) == pytest.approx(16.0, rel=0.25)
     assert step_s(0, 2) < 16.0 * 0.7  # priced as if each rank had a core: 10.8 s, and the planner moved for it
+
+
+def test_on_a_cpu_the_planner_keeps_every_rank_within_the_host_memory():
+    # a trainer rank's peak RSS is a fixed part plus the state FSDP shards (4 GB alone, 3 GB each of two: 2 GB
+    # fixed, 2 GB sharded); every rollout rank 1 GB. The issue-34 main job put three SmolLM2 trainer ranks
+    # and one rollout rank on a 24 GB machine (18.9 GB); a fourth trainer rank would not have fit.
+    mem = dict(trainer_rss_bytes={1: 4e9, 2: 3e9}, rollout_rss_bytes=1e9)
+    cm = ProfiledCostModel(profile(**mem, host_mem_bytes=16e9))
+    assert cm.host_need_bytes(1, 3) == pytest.approx(7e9)
+    assert cm.host_need_bytes(3, 1) == pytest.approx(3 * (2e9 + 2e9 / 3) + 1e9)
+    assert cm.host_fits(3, 1) and not cm.host_fits(4, 4)  # colocated: each rank holds a shard and a rollout model
+    assert ProfiledCostModel(profile(**mem)).host_fits(64, 64)  # the host's memory unknown: not checked
+    assert HardwareProfile.from_dict(json.loads(json.dumps(profile(**mem, host_mem_bytes=16e9).to_dict()))) == \
+        profile(**mem, host_mem_bytes=16e9)
+
+    def trainer_ranks(host_mem_bytes: float) -> int:
+        # training-heavy: every added trainer rank pays, so the planner takes as many as memory allows
+        cm = ProfiledCostModel(profile(train_tokens_per_s={1: 1000.0, 2: 2000.0, 3: 3000.0}, host_mem_bytes=host_mem_bytes,
+                                       trainer_rss_bytes={1: 4e9, 2: 3e9, 3: 2e9 + 2e9 / 3}, rollout_rss_bytes=1e9))
+        p = GlobalPlanner(PlannerConfig(check_memory=True, allowed_tp=(1,)), cm, 4, 10, buckets=BucketsConfig())
+        return len(p.plan(Workload(trajectory_tokens=(100,) * 16, num_trajectories=16, train_tokens=1e5)).role_map.trainer_ranks)
+
+    assert trainer_ranks(0.0) == 3
+    assert trainer_ranks(10e9) == 2  # three trainer ranks and a rollout rank need 9 GB: past 80% of 10 GB
+    with pytest.raises(ValueError, match="within the host memory.*--nproc"):
+        trainer_ranks(5e9)

@@ -30,6 +30,9 @@ def measured(tmp_path_factory) -> Path:
         mp.setenv("LIBRA_PROFILE_DIR", str(root))
         path, profile, how = profile_cache.cached_profile("tiny", "cpu")
     assert how.startswith("measured now") and profile.meta["quick"] and profile.meta["measured_s"] > 0
+    # the host memory the planner keeps a CPU run within: a rank's peak RSS (a torch process: over 100 MB)
+    assert sorted(profile.trainer_rss_bytes) == [1, 2] and min(profile.trainer_rss_bytes.values()) > 1e8
+    assert profile.rollout_rss_bytes > 1e8 and profile.host_mem_bytes > 1e9
     assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == [path.name]  # no temp file left
     return path
 
