@@ -92,6 +92,21 @@ def cost_model_for(cfg, info: DeviceInfo):
     return cost
 
 
+def warn_host_memory(cost_model, role_map: RoleMap) -> None:
+    """Warn when the first layout's ranks need more than the host's memory at their peaks (a measured CPU profile
+    knows both): the planner keeps its own moves within it, but step 1 runs the layout it was given."""
+    from scheduler.profile import HOST_MEM_FRAC, ProfiledCostModel
+
+    if not isinstance(cost_model, ProfiledCostModel) or not cost_model.profile.host_mem_bytes:
+        return
+    need = cost_model.host_need_bytes(len(role_map.trainer_ranks), len(role_map.rollout_ranks))
+    if not cost_model.host_fits(len(role_map.trainer_ranks), len(role_map.rollout_ranks)):
+        log.warning("[libra] %s: its ranks need ~%.1f GB at their peaks (the profile's measured RSS) of this host's "
+                    "%.1f GB, past the %.0f%% the planner keeps within: the run may be killed for memory; pass a "
+                    "smaller --nproc", role_map.describe(), need / 1e9, cost_model.profile.host_mem_bytes / 1e9,
+                    HOST_MEM_FRAC * 100)
+
+
 def _analytic_cost_model(model: str, device_kind: str):
     from engine.models import model_spec
     from scheduler.costmodel import HARDWARE, CostModel
@@ -228,6 +243,7 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
                  role_map.describe())
         cost_model = cost_model_for(cfg, info)  # a profile this machine lacks is measured before any rank starts
+        warn_host_memory(cost_model, role_map)
     else:
         cost_model = None  # a torchrun worker: rank 0's process resolved it
     args = (cfg, role_map, str(out_dir), resume, handoff, cost_model)

@@ -66,3 +66,23 @@ def test_a_stop_waits_the_longer_of_the_grace_and_what_the_coordinator_measured_
 def test_a_kill_says_what_it_loses():
     assert loss_note(None) == "no checkpoint was written yet, so a rerun starts from step 0"
     assert loss_note("3") == "`--resume` continues from the checkpoint of step 3; what trained after it is lost"
+
+
+def test_a_first_layout_past_the_host_memory_is_warned_with_the_fix(caplog):
+    from engine.runtime.run import warn_host_memory
+    from scheduler.layout import Bucket, split_role_map
+    from scheduler.profile import HardwareProfile, ProfiledCostModel
+
+    def cost(host_mem_bytes: float) -> ProfiledCostModel:
+        return ProfiledCostModel(HardwareProfile(
+            model="tiny", arch="tiny", device="cpu", hardware="cpu", decode=((1, 128, 0.01),), prefill=((64, 0.01),),
+            train_tokens_per_s={1: 1000.0}, sync_s=0.1, group_rebuild_s=0.1, reconfig_s=1.0,
+            trainer_rss_bytes={1: 4e9}, rollout_rss_bytes=1e9, host_mem_bytes=host_mem_bytes))
+
+    role_map = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1),) * 3,
+                              buckets=(Bucket(name="short", max_tokens=None),))
+    warn_host_memory(cost(16e9), role_map)  # 7 GB of 16: quiet
+    assert not caplog.records
+    warn_host_memory(cost(8e9), role_map)
+    assert "need ~7.0 GB at their peaks" in caplog.text and "of this host's 8.0 GB" in caplog.text
+    assert "--nproc" in caplog.text
