@@ -164,7 +164,7 @@ def run_story(summary: dict, rows: list[dict], run_dir: Path) -> list[str]:
     last = None
     for step, note in summary.get("planner_notes", []):
         if note != last:  # a periodic check that concludes the same says nothing new
-            moved.append(f"the planner after step {step}: {note}")
+            moved.append(f"the planner after step {step}: {note}" if step else f"the planner before step 1: {note}")
         last = note
     paid = (f"layout changes {sum(r['reconfig_s'] for r in rows):.1f} s in all; on average the rollout ranks idled "
             f"{summary['idle_frac_rollout']:.0%} of a step and the trainer {summary['idle_frac_train']:.0%}")

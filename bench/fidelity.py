@@ -84,7 +84,9 @@ def main() -> None:
     if not args.reuse:
         cmd = [sys.executable, "libra.py", "--bench", args.bench, "--model", args.model, "--device", "cpu", "--steps",
                str(args.steps), "--seed", str(args.seed), "--compare", "--compare-systems", ",".join(SYSTEMS),
-               "--planner.profile", profile, "--out", str(out), *args.extra.split()]
+               "--planner.profile", profile, "--out", str(out),
+               "--planner.first-design", "split",  # the replay starts libra on the launcher's split (`real_setup`)
+               *args.extra.split()]
         print("real:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     results = {name: replay_one(out / name, profile) for name in SYSTEMS}

@@ -51,6 +51,7 @@ training a colocated design wins.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.costmodel import CostModel
@@ -139,6 +140,26 @@ def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: Plann
     return DesignSpace(world_size=world_size, buckets=buckets, allowed_tp=planner.allowed_tp, max_batch=planner.max_batch,
                        gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= max_staleness),
                        families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,))
+
+
+def cap_prior(prompt_tokens: Sequence[int], *, max_turns: int, max_new_tokens_per_turn: int, max_tool_tokens: int,
+              max_total_tokens: int, trajectories_per_step: int) -> Workload:
+    """What a real run knows of its lengths before step 1: its tasks' prompts and its generation caps. Each
+    trajectory is taken to run to them: every one of `max_turns` turns decodes `max_new_tokens_per_turn` and
+    every turn but the last brings a tool output of `max_tool_tokens`, all within `max_total_tokens`; its
+    first tool output comes after its first turn. An upper bound: where the policy stops early it overrates
+    the lengths, and the design planner's first check on measured lengths corrects it."""
+    if not prompt_tokens:
+        raise ValueError("cap_prior: no prompt lengths; give the token counts of a few of the run's task prompts")
+    lengths, signals, decoded = [], [], 0
+    for p in prompt_tokens:
+        total = min(max_total_tokens, p + max_turns * max_new_tokens_per_turn + (max_turns - 1) * max_tool_tokens)
+        lengths.append(max(1, total))
+        signals.append(min(total, p + max_new_tokens_per_turn) if max_turns > 1 else total)
+        decoded += min(max(0, total - p), max_turns * max_new_tokens_per_turn)
+    return Workload(trajectory_tokens=tuple(lengths), num_trajectories=trajectories_per_step,
+                    train_tokens=sum(lengths) / len(lengths) * trajectories_per_step,
+                    decode_frac=min(1.0, max(1e-3, decoded / sum(lengths))), signal_tokens=tuple(signals))
 
 
 def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:

@@ -58,6 +58,7 @@ from scheduler.layout_search import Choice, LayoutSearch, Switch, switch_of
 __all__ = ["GlobalPlanner", "PlannerConfig", "Workload"]
 logger = logging.getLogger(__name__)
 DESIGN_CHOICES = ("auto", "libra", "libra-partial", "colocate", "libra-hybrid")  # PlannerConfig.design: scheduler/design.py's families
+FIRST_DESIGNS = ("prior", "split")  # PlannerConfig.first_design
 PROFILE_MODES = ("auto", "refresh", "none", "")  # PlannerConfig.profile values that are not a path ("": none, as before)
 
 
@@ -76,6 +77,7 @@ class PlannerConfig:
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
     design: str = "auto"  # libra's design (scheduler/design.py): auto = the planner's choice, or a family it moves to at its first length sample: libra (split), libra-partial (finish-order), colocate, libra-hybrid
+    first_design: str = "prior"  # libra before step 1: prior = its design ranked on the tasks' prompts at the generation caps | split = the launcher's split
     profile: str = "auto"  # auto: plan a CPU run on this machine's costs, measured once (~1 min) and cached | refresh | none: analytic tables | a bench.profile JSON
 
     def __post_init__(self) -> None:
@@ -98,6 +100,9 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
         if self.design not in DESIGN_CHOICES:
             raise ValueError(f"PlannerConfig: design={self.design!r} is none of {DESIGN_CHOICES}; auto lets the planner choose")
+        if self.first_design not in FIRST_DESIGNS:
+            raise ValueError(f"PlannerConfig: first_design={self.first_design!r} is none of {FIRST_DESIGNS}; prior chooses "
+                             "libra's design before step 1, split starts on the launcher's split")
         if self.profile not in PROFILE_MODES and not Path(self.profile).is_file():
             raise ValueError(f"PlannerConfig: profile {self.profile!r} does not exist and is none of {PROFILE_MODES[:3]}; "
                              f"pass auto, or write one with `python -m bench.profile --model M --out {self.profile}`")

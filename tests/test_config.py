@@ -69,6 +69,8 @@ def test_resolved_config_round_trips(tmp_path):
     (["--rollout.top-p", "0"], r"--rollout.top-p 0.0: RolloutConfig.top_p=0.0 must be in \(0, 1\]"),
     (["--planner.design", "split"], r"--planner.design 'split': PlannerConfig: design='split' is none of \('auto', 'libra', "
                                     r"'libra-partial', 'colocate', 'libra-hybrid'\); auto lets the planner choose"),
+    (["--planner.first-design", "auto"], r"first_design='auto' is none of \('prior', 'split'\); prior chooses libra's "
+                                         r"design before step 1, split starts on the launcher's split"),
     (["--buckets.max-tokens", "200,100"], r"--buckets.max-tokens \(200, 100\): BucketsConfig: max_tokens=\(200, 100\) must be positive and strictly increasing"),
 ])
 def test_bad_values_name_the_flag_and_the_fix(argv, message):

@@ -57,17 +57,19 @@ def test_the_story_says_what_was_learned_what_moved_what_it_paid_and_where_the_p
     rows = [row(i + 1, r, reconfig_s=2.0 if i == 3 else 0.0, extra={"train/stepped": int(i != 1)}).to_dict()
             for i, r in enumerate(rewards)]
     s = summarize(rows, bench="swe", system="libra", mode="real", wall_s=90.0, dropped={}, peak_rss_mb=1.0,
-                  role_map_changes=1, planner_notes=[[1, "kept A: no gain"], [2, "kept A: no gain"], [3, "moved to B"]])
+                  role_map_changes=1, planner_notes=[[0, "started on A"], [1, "kept A: no gain"], [2, "kept A: no gain"],
+                                                     [3, "moved to B"]])
     story = run_story(s, rows, tmp_path)
     assert story[1] == ("- learned: reward per step 0.25, 0.00, 0.50, 0.50, 0.75, 0.75, 1.00, 0.75, 1.00; the last 3 steps' "
                         "mean 0.92 against the first 3 steps' mean 0.25; 1 of 9 steps trained nothing: every group's "
                         "rewards were equal, so GRPO had no signal.")
-    assert story[2:6] == ["- moved: C-MLFQ moved 9 trajectories to a longer bucket mid-run, re-prefilled there.",
+    assert story[2:7] == ["- moved: C-MLFQ moved 9 trajectories to a longer bucket mid-run, re-prefilled there.",
                           "- moved: the layout changed 1 time: T[0] | short:[1] long:[2,3] -> T[0] | short:[1] long:[2,3].",
+                          "- moved: the planner before step 1: started on A.",  # libra's first design
                           "- moved: the planner after step 1: kept A: no gain.",  # said once, not at every check
                           "- moved: the planner after step 3: moved to B."]
-    assert story[6] == "- paid: layout changes 2.0 s in all; on average the rollout ranks idled 30% of a step and the trainer 80%."
-    assert str(tmp_path / "plot.png") in story[7]
+    assert story[7] == "- paid: layout changes 2.0 s in all; on average the rollout ranks idled 30% of a step and the trainer 80%."
+    assert str(tmp_path / "plot.png") in story[8]
     few = run_story(summarize(rows[:3], bench="swe", system="libra", mode="real", wall_s=1.0, dropped={}, peak_rss_mb=1.0),
                     rows[:3], tmp_path)
     assert "(3 steps are too few to tell learning from sampling noise)" in few[1]

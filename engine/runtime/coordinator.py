@@ -65,13 +65,16 @@ log = logging.getLogger(__name__)
 TRACE_EVERY_S = 30.0  # trace.json is rewritten at a step end at most this often (and at the end)
 
 
-def core_config(cfg, spec) -> commands.CoreConfig:
-    """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction."""
-    return commands.CoreConfig(num_steps=cfg.run.steps, max_staleness=cfg.step.max_staleness,
-                           lookahead=lookahead_of(spec.name, cfg.step.max_staleness),
-                           checkpoint_every=cfg.step.checkpoint_every,
-                           checkpoint_every_s=cfg.step.checkpoint_every_min * 60, batch_by_finish=spec.batch_by_finish,
-                           checkpoint_first=True)
+def core_config(cfg, spec, design=None) -> commands.CoreConfig:
+    """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction.
+    `design`: libra's first design (scheduler/design.py), whose lookahead, bound and batching the run starts on."""
+    lookahead = design.lookahead if design else lookahead_of(spec.name, cfg.step.max_staleness)
+    return commands.CoreConfig(num_steps=cfg.run.steps, lookahead=lookahead,
+                               max_staleness=max(1, design.lag) if design else cfg.step.max_staleness,
+                               checkpoint_every=cfg.step.checkpoint_every,
+                               checkpoint_every_s=cfg.step.checkpoint_every_min * 60,
+                               batch_by_finish=not design.step_batched if design else spec.batch_by_finish,
+                               checkpoint_first=True)
 
 
 def finished_of(traj: Trajectory) -> commands.Finished:
@@ -88,7 +91,7 @@ class Coordinator:
         self.ctx, self.cfg, self.out = ctx, cfg, Path(out_dir)
         self.mailbox = ctx.mailbox
         self.env, self.tasks, self.tokenizer = parts.env, parts.tasks, parts.tokenizer
-        self.core = core.StepCore(core_config(cfg, parts.spec), parts.router, parts.planner, role_map, state=resume)
+        self.core = core.StepCore(core_config(cfg, parts.spec, parts.design), parts.router, parts.planner, role_map, state=resume)
         self.groups_mgr = GroupManager(ctx.store, global_rank=0, world_size=ctx.world_size, rank_offset=WORKER_OFFSET,
                                        timeout_s=cfg.launch.timeout_s, device_kind=ctx.device_info.kind,
                                        devices=ctx.device_keys(cfg.launch.timeout_s) if ctx.device_info.kind != "cpu" else None,
@@ -106,6 +109,9 @@ class Coordinator:
         self.metrics: list[dict] = self.writer.truncate_to_step(resume.step, resume.wall_s) if resume else []
         self.role_changes = 0
         self.planner_notes: list[list] = []  # [step, what the planner concluded there] for the summary's story
+        if parts.design is not None:  # libra's first design, chosen in the launcher (engine/runtime/run.py)
+            self.planner_notes.append([0, f"started on the design {parts.design.label}, ranked on the tasks' prompts at "
+                                          f"the generation caps ({parts.design.step_s:.1f} s a step predicted)"])
         self.mailbox.beat("coordinator")  # the role a failure report names for rank 0
         self.t0 = time.monotonic()
         self.t_offset = resume.wall_s if resume else 0.0  # a resumed run's clock goes on from its checkpoint

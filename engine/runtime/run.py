@@ -174,6 +174,7 @@ class CoordinatorParts:
     router: object
     planner: object
     spec: object
+    design: object = None  # libra's first design (`first_design`); None: the system's own pipeline
 
 
 def make_run_env(cfg):
@@ -184,40 +185,84 @@ def make_run_env(cfg):
     return make(cfg.run.bench, env_spec=cfg.run.env, reward_spec=cfg.run.reward, **run_env_kwargs(cfg))
 
 
-def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None) -> CoordinatorParts:
-    """Rank 0's parts; `cfg` (its allowed TP degrees) and `cost_model` are what the launcher resolved."""
-    from engine.models import load_tokenizer
+def run_tasks(cfg, env) -> list:
+    """The run's tasks as rank 0 poses them: the env's, with the demonstration turns `--demo-turns` asks for."""
     from envs.demo import add_demo_turns
     from envs.registry import scripted_agents
-    from scheduler.systems import get_system, make_planner, make_router
 
-    env = make_run_env(cfg)
     tasks = env.tasks()
     if not tasks:
         raise ValueError(f"--bench {cfg.run.bench} with level={cfg.run.level} gave no tasks; pick another level")
     if cfg.run.demo_turns > 0:  # a custom env has no scripted oracle: its tasks bring their demonstrations
         tasks = add_demo_turns(tasks, cfg.run.demo_turns, None if cfg.run.env else scripted_agents(cfg.run.bench)[0])
+    return tasks
+
+
+PRIOR_TASKS = 32  # task prompts the first design's length prior is tokenized from
+
+
+def first_design(cfg, cost_model, role_map: RoleMap):
+    """Libra's design before step 1 (scheduler/design.py), ranked on its tasks' prompts at the run's generation
+    caps (`cap_prior`), so that a run whose caps bound its lengths starts where its first check would move it.
+    None where the run starts on the launcher's split: another system, `--planner.first-design split`, a
+    resumed run (its checkpoint's layout), or a cost model that cannot price a split."""
+    from engine.chat import render_prompt
+    from engine.models import load_tokenizer
+    from scheduler.design import cap_prior, design_space, rank_designs
+    from scheduler.systems import get_system
+
+    if (not get_system(cfg.run.system).chooses_design or cfg.planner.first_design != "prior" or cfg.run.resume
+            or not cost_model.prices_split):
+        return None
+    env = make_run_env(cfg)
+    try:
+        tasks = run_tasks(cfg, env)[:PRIOR_TASKS]
+    finally:
+        env.close()
+    tokenizer = load_tokenizer(cfg.run.model)
+    prompts = [len(render_prompt(tokenizer, list(t.messages), list(t.tools))) for t in tasks]
+    r, step = cfg.rollout, cfg.step
+    prior = cap_prior(prompts, max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
+                      max_tool_tokens=r.max_tool_tokens, max_total_tokens=r.max_total_tokens,
+                      trajectories_per_step=step.prompts_per_step * step.samples_per_prompt)
+    space = design_space(world_size=role_map.world_size, buckets=cfg.buckets.buckets(), planner=cfg.planner,
+                         max_staleness=step.max_staleness, group_size=step.samples_per_prompt)
+    ranked = rank_designs(cost_model, space, prior, cfg.run.steps)
+    log.info("[libra] first design: %s, ranked on %d task prompts at the generation caps (%.0f tokens a trajectory): "
+             "%.1f s a step predicted; --planner.first-design split starts on the launcher's split",
+             ranked[0].label, len(prompts), prior.train_tokens / prior.num_trajectories, ranked[0].step_s)
+    return ranked[0]
+
+
+def build_parts(cfg, role_map: RoleMap, cost_model, resume: RunState | None, design=None) -> CoordinatorParts:
+    """Rank 0's parts; `cfg` (its allowed TP degrees), `cost_model` and libra's first `design` are what the
+    launcher resolved."""
+    from engine.models import load_tokenizer
+    from scheduler.systems import get_system, make_planner, make_router
+
+    env = make_run_env(cfg)
+    tasks = run_tasks(cfg, env)
     router = make_router(cfg.run.system, cfg.router)
     if resume and resume.prefix_tree:
         router.load_tree_json(resume.prefix_tree)
     remaining = cfg.run.steps - (resume.step if resume else 0)
     planner = make_planner(cfg.run.system, role_map.world_size, cost_model, remaining, cfg.planner,
                            current=role_map, buckets=cfg.buckets, max_staleness=cfg.step.max_staleness,
-                           group_size=cfg.step.samples_per_prompt)
+                           group_size=cfg.step.samples_per_prompt, design=design)
     return CoordinatorParts(env, tasks, load_tokenizer(cfg.run.model), router, planner,
-                            get_system(cfg.run.system))
+                            get_system(cfg.run.system), design)
 
 
 def rank_main(ctx: RankContext, cfg, role_map: RoleMap, out_dir: str, resume: RunState | None, handoff: str | None,
-              cost_model=None):
+              cost_model=None, design=None):
     """Every process of the job: rank 0 coordinates, the others work; `handoff`: the checkpoint to resume from;
-    `cost_model`: the planner's, resolved by the launcher (rank 0 uses it)."""
+    `cost_model` and libra's first `design` (None: the system's own pipeline): the launcher's (rank 0 uses them)."""
     if ctx.rank == 0:
         from engine.runtime.coordinator import Coordinator
 
         ctx.set_role("coordinator")
         assert cost_model is not None, "rank 0 needs the cost model the launcher resolved (run() passes it)"
-        parts = build_parts(cfg, role_map, cost_model, resume)
+        parts = build_parts(cfg, role_map, cost_model, resume, design)
         try:
             return Coordinator(ctx, cfg, role_map, Path(out_dir), parts, resume).run(handoff)
         finally:
@@ -240,13 +285,16 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
     if not torchrun or int(os.environ["RANK"]) == 0:  # under torchrun every process runs this: rank 0 writes
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
+        cost_model = cost_model_for(cfg, info)  # a profile this machine lacks is measured before any rank starts
+        # under torchrun every process places its own ranks: they would not agree on a design rank 0 chose alone
+        design = None if torchrun else first_design(cfg, cost_model, role_map)
+        role_map = design.role_map if design is not None else role_map
         log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
                  role_map.describe())
-        cost_model = cost_model_for(cfg, info)  # a profile this machine lacks is measured before any rank starts
         warn_host_memory(cost_model, role_map)
     else:
-        cost_model = None  # a torchrun worker: rank 0's process resolved it
-    args = (cfg, role_map, str(out_dir), resume, handoff, cost_model)
+        cost_model, design = None, None  # a torchrun worker: rank 0's process resolved them
+    args = (cfg, role_map, str(out_dir), resume, handoff, cost_model, design)
     if torchrun:
         results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
                                   timeout_s=cfg.launch.timeout_s)

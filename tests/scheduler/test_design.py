@@ -7,7 +7,7 @@ import random
 import pytest
 
 from scheduler.costmodel import get_cost_model
-from scheduler.design import DesignSpace, finish_order_sample, rank_designs
+from scheduler.design import DesignSpace, cap_prior, finish_order_sample, rank_designs
 from scheduler.layout import BucketsConfig
 from scheduler.layout_model import Workload
 
@@ -102,3 +102,28 @@ def test_no_design_fits_gives_the_bounds_and_the_fix():
         rank_designs(A800_14B, dataclasses.replace(_space(lag_bounds=(0,), allowed_tp=(4,)), world_size=6), _long_tail(), 20)
     with pytest.raises(ValueError, match="gamma=1.5 must be in"):
         _space(gamma=1.5)
+
+
+def test_a_prior_at_the_caps_bounds_every_trajectory_by_its_turns_tool_outputs_and_total():
+    caps = dict(max_turns=3, max_new_tokens_per_turn=100, max_tool_tokens=50, max_total_tokens=1000, trajectories_per_step=8)
+    wl = cap_prior([200, 900], **caps)
+    assert wl.trajectory_tokens == (200 + 300 + 100, 1000)  # three turns and two tool outputs; the second hits the total
+    assert wl.signal_tokens == (300, 1000)  # the first tool output comes after the first turn
+    assert wl.train_tokens == pytest.approx(800 * 8) and wl.num_trajectories == 8
+    assert wl.decode_frac == pytest.approx((300 + 100) / 1600)  # the long prompt leaves room for 100 decoded tokens
+    one_turn = cap_prior([20, 30], **{**caps, "max_turns": 1, "max_new_tokens_per_turn": 8})
+    assert one_turn.trajectory_tokens == (28, 38) and one_turn.signal_tokens == (28, 38)  # no tool: no signal before the end
+    with pytest.raises(ValueError, match="no prompt lengths"):
+        cap_prior([], **caps)
+
+
+def test_where_the_caps_bound_the_lengths_the_first_design_is_the_one_measured_lengths_choose():
+    # the digit task: prompts of ~20 tokens, one turn of at most 8; the first check on measured lengths keeps it
+    cm = get_cost_model("cpu", "tiny")
+    cm.shared_cores = 0
+    space = DesignSpace(world_size=4, buckets=BucketsConfig().buckets(), allowed_tp=(1,), group_size=8, lag_bounds=(0, 1))
+    prior = cap_prior([18, 20, 22, 24], max_turns=1, max_new_tokens_per_turn=8, max_tool_tokens=2048,
+                      max_total_tokens=4096, trajectories_per_step=32)
+    measured = Workload(trajectory_tokens=tuple(range(21, 33)) * 2, num_trajectories=32, train_tokens=32 * 27)
+    first, then = rank_designs(cm, space, prior, 40)[0], rank_designs(cm, space, measured, 39)[0]
+    assert (first.system, first.lag, first.role_map.describe()) == (then.system, then.lag, then.role_map.describe())

@@ -41,6 +41,7 @@ class Parts:
     router: object
     planner: object
     spec: object
+    design: object = None  # the system's own pipeline
 
 
 def make(tmp_path, system="libra"):
