@@ -63,6 +63,17 @@ def test_libra_moves_to_another_design_mid_run(tmp_path, design, lag):
     assert lag in lags and (design == "libra-partial" or max(lags) == lag), lags
 
 
+def test_libra_starts_on_its_first_design_colocated_and_time_shared(tmp_path):
+    """The launcher ranks libra's designs before step 1 (engine/runtime/run.py `first_design`): allowed only the
+    hybrid, the run starts colocated with the next step generated while a batch trains, and never moves."""
+    summary, metrics = run_libra(tmp_path, "--bench", "math", "--system", "libra", "--steps", "3",
+                                 "--planner.design", "libra-hybrid")
+    check_outputs(summary, metrics, 3)
+    assert summary["role_map_changes"] == 0 and summary["planner_notes"][0][0] == 0
+    assert all(row["role_map"]["trainer"] == 4 and row["role_map"]["rollout"] == 4 for row in metrics)
+    assert max(row["staleness_max"] for row in metrics) <= 1 and sum(row.get("trajectories_at_lag/1", 0) for row in metrics)
+
+
 def check_outputs(summary: dict, metrics: list[dict], steps: int) -> None:
     assert summary["mode"] == "real" and summary["steps"] == steps
     assert all(k in summary for k in SUMMARY_FIELDS)
