@@ -286,14 +286,22 @@ def run(cfg, info: DeviceInfo, role_map: RoleMap, out_dir: Path) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.write(out_dir / ("config.json" if not resume else f"config.resume-{resume.step}.json"))
         cost_model = cost_model_for(cfg, info)  # a profile this machine lacks is measured before any rank starts
-        # under torchrun every process places its own ranks: they would not agree on a design rank 0 chose alone
-        design = None if torchrun else first_design(cfg, cost_model, role_map)
+        design = first_design(cfg, cost_model, role_map)
         role_map = design.role_map if design is not None else role_map
         log.info("[libra] run dir %s | %d workers + coordinator on %s | %s", out_dir, role_map.world_size, info.kind,
                  role_map.describe())
         warn_host_memory(cost_model, role_map)
-    else:
-        cost_model, design = None, None  # a torchrun worker: rank 0's process resolved them
+    else:  # a torchrun worker: rank 0's process resolved the cost model; the first design every process
+        from scheduler.systems import get_system
+
+        cost_model, design = None, None  # places its ranks on is the same decision, made again quietly
+        if get_system(cfg.run.system).chooses_design and not resume:
+            logging.disable(logging.INFO)  # rank 0 said it all (a profile miss measures once: the cache's lock)
+            try:
+                design = first_design(cfg, cost_model_for(cfg, info), role_map)
+            finally:
+                logging.disable(logging.NOTSET)
+            role_map = design.role_map if design is not None else role_map
     args = (cfg, role_map, str(out_dir), resume, handoff, cost_model, design)
     if torchrun:
         results = run_in_torchrun(rank_main, args, device_info=info, threads_per_rank=cfg.launch.threads_per_rank,
