@@ -165,15 +165,18 @@ class LayoutSearch(LayoutModel):
                     best_r[r] = entry
                 upto = need
         cur_r = len(current.rollout_ranks) if current else -1
+        fits = self.cm.host_fits if self.check_host else None  # looked up once: a 1,024-device search asks per size
+        shared = self.cm.on_shared_cores if self.cm.shared_cores else None
         best: tuple[tuple, Choice] | None = None  # (key, choice): least step time, then the current split, then fewer devices
         for r, entry in enumerate(best_r):
             if entry is None or not lo <= r <= hi or g - r < self.min_train:
                 continue
-            if self.check_host and not self.cm.host_fits(g - r, r):
+            if fits is not None and not fits(g - r, r):
                 continue
             t, active, tps, ks = entry
-            roll, train = self.cm.on_shared_cores(t, self.train_s(wl, g - r, Scales()), num_rollout=r,
-                                                  num_trainer=g - r, overlap=self.lookahead > 0)
+            roll, train = t, self.train_s(wl, g - r, Scales())
+            if shared is not None:
+                roll, train = shared(roll, train, num_rollout=r, num_trainer=g - r, overlap=self.lookahead > 0)
             roll, train, sync = roll * scales.rollout, train * scales.train, self.cm.sync_s(r, g - r)
             step = pipeline_step_s(roll, train, sync, self.lookahead)
             key = (step, r != cur_r, r)
