@@ -146,9 +146,11 @@ def test_checkpoints_come_by_run_time_and_only_the_newest_are_kept(tmp_path):
 
 def _spawn(out: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # a run as a user starts it from a terminal: SIGINT at its default even where this suite inherited it ignored
+    # (a background job's, `bash run.sh test &`), which Python would keep and the stop tests' Ctrl-C would not stop
     return subprocess.Popen([sys.executable, str(ROOT / "libra.py"), *SMALL, "--bench", "search", "--out", str(out), *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_until(pred, timeout_s: float, proc: subprocess.Popen) -> None:
