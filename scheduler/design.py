@@ -99,10 +99,16 @@ class Design:
         return self.lag
 
     @property
-    def step_batched(self) -> bool:
-        """A batch is a step's trajectories (every design but finish-order's; leaving finish order drains the
-        groups in flight first: `StepCore.set_design`)."""
-        return self.system != "libra-partial"
+    def max_staleness(self) -> int:
+        """The staleness bound the step core runs it at: its lag, at least 1 (colocate's lookahead 0 admits
+        nothing ahead, so nothing trains stale there anyway)."""
+        return max(1, self.lag)
+
+    @property
+    def batch_by_finish(self) -> bool:
+        """A batch is the first complete groups to finish (finish-order's), not a step's trajectories (every other
+        design's; leaving finish order drains the groups in flight first: `StepCore.set_design`)."""
+        return self.system == "libra-partial"
 
     @property
     def label(self) -> str:

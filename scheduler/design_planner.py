@@ -144,5 +144,5 @@ class DesignPlanner:
         return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,
                             current_step_s=current.step_s if current is not None else math.nan,
                             reconfig_s=cost, reason=reason, details={"design": best.label},
-                            lookahead=best.lookahead, max_staleness=max(1, best.lag),
-                            batch_by_finish=not best.step_batched)
+                            lookahead=best.lookahead, max_staleness=best.max_staleness,
+                            batch_by_finish=best.batch_by_finish)

@@ -214,7 +214,7 @@ def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_
 
         def planner_for(d: Design, remaining: int):
             return make_planner(d.system, world_size, cost_model, remaining, cfg, current=d.role_map, buckets=buckets,
-                                max_staleness=max(1, d.lag), within_design=True)
+                                max_staleness=d.max_staleness, within_design=True)
         return DesignPlanner(cost_model, space, design, remaining_steps, cfg=cfg, planner_for=planner_for,
                              lookahead=design.lookahead)
     cfg = dataclasses.replace(cfg, heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)

@@ -115,7 +115,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         # (one bucket) it admits to the least-loaded instance and never migrates
         return SystemParts(router=sysmod.make_router(system, rcfg), role_map=design.role_map, planner=planner,
                            lookahead=design.lookahead, colocated=design.role_map.colocated,
-                           batch_by_finish=not design.step_batched, max_staleness=max(1, design.lag), design=design.label)
+                           batch_by_finish=design.batch_by_finish, max_staleness=design.max_staleness, design=design.label)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)

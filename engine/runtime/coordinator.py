@@ -70,10 +70,10 @@ def core_config(cfg, spec, design=None) -> commands.CoreConfig:
     `design`: libra's first design (scheduler/design.py), whose lookahead, bound and batching the run starts on."""
     lookahead = design.lookahead if design else lookahead_of(spec.name, cfg.step.max_staleness)
     return commands.CoreConfig(num_steps=cfg.run.steps, lookahead=lookahead,
-                               max_staleness=max(1, design.lag) if design else cfg.step.max_staleness,
+                               max_staleness=design.max_staleness if design else cfg.step.max_staleness,
                                checkpoint_every=cfg.step.checkpoint_every,
                                checkpoint_every_s=cfg.step.checkpoint_every_min * 60,
-                               batch_by_finish=not design.step_batched if design else spec.batch_by_finish,
+                               batch_by_finish=design.batch_by_finish if design else spec.batch_by_finish,
                                checkpoint_first=True)
 
 
