@@ -8,7 +8,8 @@ Measures, with the runtime's own code on the machine it runs on, and writes a
   - training: `Trainer.train_step` tokens/s on 1..`--max-trainer-ranks` gloo ranks (`train_rate`,
     also bench/trainer.py's), and there the trainer's full-weight gather (`Trainer.full_state_dict`)
     that every sync starts with, and a trainer rank's peak RSS (a CPU run's ranks share the host's
-    memory: the planner keeps its layouts within it); a rollout rank's peak RSS is the decode's;
+    memory: the planner keeps its layouts within it); a rollout rank's RSS is the decode's at a batch of
+    16 x 1,024 tokens (`ROLLOUT_RSS_POINT`);
   - weight sync and group rebuild: `engine.runtime.weights` transfer of the model's bytes and
     `GroupManager.apply` of a new role map over `--ranks` gloo ranks;
   - reconfiguration: a role switch as the coordinator runs it, less the drain (tool calls in
