@@ -97,10 +97,11 @@ def warn_host_memory(cost_model, role_map: RoleMap) -> None:
     knows both): the planner keeps its own moves within it, but step 1 runs the layout it was given."""
     from scheduler.profile import HOST_MEM_FRAC, ProfiledCostModel
 
-    if not isinstance(cost_model, ProfiledCostModel) or not cost_model.profile.host_mem_bytes:
+    if not isinstance(cost_model, ProfiledCostModel):
         return
-    need = cost_model.host_need_bytes(len(role_map.trainer_ranks), len(role_map.rollout_ranks))
-    if not cost_model.host_fits(len(role_map.trainer_ranks), len(role_map.rollout_ranks)):
+    ranks = len(role_map.trainer_ranks), len(role_map.rollout_ranks)
+    if not cost_model.host_fits(*ranks):
+        need = cost_model.host_need_bytes(*ranks)
         log.warning("[libra] %s: its ranks need ~%.1f GB at their peaks (the profile's measured RSS) of this host's "
                     "%.1f GB, past the %.0f%% the planner keeps within: the run may be killed for memory; pass a "
                     "smaller --nproc", role_map.describe(), need / 1e9, cost_model.profile.host_mem_bytes / 1e9,
