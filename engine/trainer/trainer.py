@@ -29,6 +29,9 @@ Algorithm of one `train_step(trajectories, policy_version)`:
   6. A non-finite loss or gradient norm on any rank skips the optimizer step on every rank alike
      (one all-reduced flag): weights and optimizer state stay as they were, the row counts it
      (`train/nonfinite_skipped`); `max_nonfinite_steps` of them in a row stop the run.
+  7. Elastic joins (`helpers`, engine/trainer/elastic.py): idle rollout ranks holding the same weights take
+     slots of the plan after the trainer ranks'; their gradients are added to this rank's before 5.
+     Steps 1-3 are module functions (`plan_step`, `micro_batch_loss`) so that a helper runs exactly them.
 Precision (engine/precision.py): float32 everywhere on CPU; on CUDA/NPU float32 master weights
 and optimizer state with bf16 compute (FSDP2 mixed precision when sharded, autocast on one rank).
 Memory: `activation_checkpointing` (on by default on accelerators) keeps each decoder layer's
@@ -52,6 +55,7 @@ import math
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -80,6 +84,88 @@ def trajectory_advantages(trajectories: list[Trajectory], *, normalize_std: bool
         for i, a in zip(members, group_advantages(rewards, normalize_std=normalize_std, eps=eps)[0].tolist()):
             advantages[i] = a
     return advantages
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every rank that works on a step derives alike from the same list (trainer ranks and helpers)."""
+
+    trajectories: list  # cut to max_tokens
+    advantages: list[float]
+    plan: list  # plan[slot][micro] = indices into `trajectories`; slots: the trainer ranks, then the helpers
+    denoms: dict  # the whole step's loss denominators, so micro-batches and slots sum to the full-batch loss
+    signal: bool  # False: every advantage is 0 (and no KL): the step's gradient is exactly zero
+    truncated: int  # trajectories cut to max_tokens
+
+
+def plan_step(trajectories: list[Trajectory], cfg: TrainerConfig, num_slots: int) -> StepPlan:
+    """Steps 1-2 of the module docstring for `num_slots` ranks: no communication, the same on every rank."""
+    cap = cfg.max_tokens
+    # the rollout cuts tool output to its budget; a trajectory over it anyway (another producer, a bug)
+    # must not be what runs the trainer out of memory: cut, not trained past the budget, counted
+    truncated = sum(t.num_tokens > cap for t in trajectories) if cap else 0
+    if truncated:
+        trajectories = [t.truncated(cap) for t in trajectories]
+    advantages = trajectory_advantages(trajectories, normalize_std=cfg.normalize_std, eps=cfg.adv_eps)
+    # Position 0 is never a target, so count model tokens from position 1 on.
+    seq_tokens = [sum(t.loss_mask[1:]) for t in trajectories]
+    signal = cfg.kl_coef != 0 or any(a != 0.0 and n > 0 for a, n in zip(advantages, seq_tokens))
+    plan = plan_micro_batches([t.num_tokens for t in trajectories], num_slots, cfg.micro_batch_tokens,
+                              packed=cfg.pack_sequences) if signal else []
+    denoms = {"num_tokens": max(sum(seq_tokens), 1), "num_seqs": max(sum(1 for n in seq_tokens if n), 1)}
+    return StepPlan(list(trajectories), advantages, plan, denoms, signal, truncated)
+
+
+def off_policy_terms(current: torch.Tensor, batch: dict[str, torch.Tensor], policy_version: int,
+                     cfg: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """(old log-probs, behaviour weight or None, stale-token stats) of one micro-batch (module docstring, 4.).
+
+    The stats describe the stale tokens' true behaviour weights pi_current / pi_behave under
+    every objective, so that runs with different objectives report the same quantity."""
+    recorded = batch["old_logprobs"]
+    stale = (batch["versions"] < policy_version) & (batch["mask"] > 0)
+    mode = cfg.off_policy
+    # clamped like the PPO log-ratio: a weight of e^20 is over any cap anyway
+    true_weight = torch.exp(torch.clamp(current - recorded, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    capped = stale & (true_weight > cfg.behaviour_weight_cap) if mode == "decoupled" else torch.zeros_like(stale)
+    stale_weights = true_weight[stale]
+    stats = {"stale_tokens": float(stale.sum()), "behaviour_weight_sum": float(stale_weights.sum()),
+             "behaviour_weight_max": float(stale_weights.max()) if stale_weights.numel() else 0.0,
+             "behaviour_capped_tokens": float(capped.sum())}
+    if mode == "recompute-all":
+        return current, None, stats
+    if mode == "bypass":
+        return recorded, None, stats
+    old = torch.where(stale, current, recorded)
+    if mode == "recompute":
+        return old, None, stats
+    weight = torch.where(stale & ~capped, true_weight, torch.zeros_like(true_weight))
+    return old, torch.where(stale, weight, torch.ones_like(weight)), stats
+
+
+def micro_batch_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], cfg: TrainerConfig, policy_version: int,
+                     denoms: dict, ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch as its share of the step's (global denominators) and its metrics (step 3)."""
+    mask = batch["mask"]
+    old, weight, stats = off_policy_terms(logprobs.detach(), batch, policy_version, cfg)
+    agg = dict(aggregation=cfg.aggregation, **denoms)
+    dual = cfg.clip_ratio_c if math.isfinite(cfg.clip_ratio_c) else None
+    pg_loss, pg_metrics = ppo_clip_loss(logprobs, old, batch["advantages"], mask, cfg.clip_low, cfg.clip_high,
+                                        clip_ratio_c=dual, behaviour_weight=weight, **agg)
+    loss = pg_loss
+    kl = torch.zeros(())
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
+        loss = loss + cfg.kl_coef * kl
+    out = {"loss": loss.item(), "pg_loss": pg_loss.item(), "kl": kl.item(), **stats}
+    out.update({k: v.item() for k, v in pg_metrics.items()})
+    return loss, out
+
+
+def add_metrics(sums: dict[str, float], part: dict[str, float]) -> None:
+    """Sum a micro-batch's metrics into the step's (`*_max` keys: the maximum)."""
+    for key, value in part.items():
+        sums[key] = max(sums.get(key, value), value) if key.endswith("_max") else sums.get(key, 0.0) + value
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
@@ -163,40 +249,46 @@ class Trainer:
             if used and self.cfg.max_staleness is not None and policy_version - used[0] > self.cfg.max_staleness:
                 raise ValueError(f"trajectory {t.request_id} has staleness {policy_version - used[0]} > max_staleness={self.cfg.max_staleness}; drop it as stale before training")
 
-    def train_step(self, trajectories: list[Trajectory], policy_version: int) -> dict[str, float]:
-        """One GRPO update on the full batch (same list on every rank); returns summed metrics."""
+    def train_step(self, trajectories: list[Trajectory], policy_version: int, *,
+                   helpers: tuple[int, ...] = ()) -> dict[str, float]:
+        """One GRPO update on the full batch (same list on every rank); returns summed metrics.
+
+        `helpers`: global ranks of idle rollout instances that compute the gradient of a share of the
+        batch with the same weights (engine/trainer/elastic.py `help_step`); their gradients are added
+        to this trainer's before the clip and the optimizer step."""
         start_s = time.perf_counter()
         self._check_batch(trajectories, policy_version)
-        # the rollout cuts tool output to its budget; a trajectory over it anyway (another producer, a bug)
-        # must not be what runs the trainer out of memory: cut, not trained past the budget, counted
-        cap = self.cfg.max_tokens
-        self._truncated = sum(t.num_tokens > cap for t in trajectories) if cap else 0
-        if self._truncated:
-            log.warning("[libra trainer:%d] %d trajectory(ies) over max_tokens=%d cut before training", self.rank, self._truncated, cap)
-            trajectories = [t.truncated(cap) for t in trajectories]
-        advantages = trajectory_advantages(trajectories, normalize_std=self.cfg.normalize_std, eps=self.cfg.adv_eps)
-        # Position 0 is never a target, so count model tokens from position 1 on.
-        seq_tokens = [sum(t.loss_mask[1:]) for t in trajectories]
-        if self.cfg.kl_coef == 0 and not any(a != 0.0 and n > 0 for a, n in zip(advantages, seq_tokens)):
+        step = plan_step(trajectories, self.cfg, self.num_ranks + len(helpers))
+        self._truncated = step.truncated
+        if step.truncated:
+            log.warning("[libra trainer:%d] %d trajectory(ies) over max_tokens=%d cut before training", self.rank,
+                        step.truncated, self.cfg.max_tokens)
+        trajectories, advantages = step.trajectories, step.advantages
+        if not step.signal:
             # An early-run policy often earns the same reward on every sample (SmolLM2 on swe: all 0);
             # skipping its forward/backward saves a whole step of trainer time and changes no result.
+            # Helpers decide alike from the same list and send nothing.
             self.policy_version += 1
             return self._metrics({"loss": 0.0, "pg_loss": 0.0, "kl": 0.0}, trajectories, advantages, 0.0, False, 0, start_s)
         packed = self.cfg.pack_sequences
-        plan = plan_micro_batches([t.num_tokens for t in trajectories], self.num_ranks, self.cfg.micro_batch_tokens, packed=packed)
-        num_micro = max(len(micros) for micros in plan)
-        denoms = {"num_tokens": max(sum(seq_tokens), 1), "num_seqs": max(sum(1 for n in seq_tokens if n), 1)}
+        num_micro = max(len(micros) for micros in step.plan[: self.num_ranks])  # helpers pad nothing: they are not in FSDP
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        mine = plan[self.rank]
+        mine = step.plan[self.rank]
         for m in range(num_micro):
             if m < len(mine):
                 batch = [trajectories[i] for i in mine[m]]
                 batch_adv = [advantages[i] for i in mine[m]]
             else:
                 batch, batch_adv = [padding_trajectory()], [0.0]
-            for key, value in self._micro_step(collate(batch, batch_adv, self.device, packed=packed), policy_version, denoms).items():
-                sums[key] = max(sums[key], value) if key.endswith("_max") else sums[key] + value
+            add_metrics(sums, self._micro_step(collate(batch, batch_adv, self.device, packed=packed), policy_version, step.denoms))
+        if helpers:
+            from engine.trainer.elastic import add_helper_gradients
+
+            helped = add_helper_gradients(self.model, helpers, self.rank, self.num_ranks, self.device)
+            if self.rank == 0:  # summed over the trainer ranks in `_metrics`: count the helpers' once
+                for part in helped:
+                    add_metrics(sums, part)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -206,6 +298,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         metrics = self._metrics(sums, trajectories, advantages, float(grad_norm), stepped, num_micro, start_s)
+        metrics["train/elastic_helpers"] = float(len(helpers))
         self._count_nonfinite(stepped, float(grad_norm), sums["loss"])
         return metrics
 
@@ -232,58 +325,21 @@ class Trainer:
                 f"Lower --trainer.lr, check the rewards and recorded log-probs, or raise --trainer.max-nonfinite-steps")
 
     def _micro_step(self, batch: dict[str, torch.Tensor], policy_version: int, denoms: dict) -> dict[str, float]:
-        cfg = self.cfg
         logprobs = self._logprobs(self.model, batch)
-        mask = batch["mask"]
-        old, weight, stats = self._off_policy_terms(logprobs.detach(), batch, policy_version)
-        agg = dict(aggregation=cfg.aggregation, **denoms)
-        dual = cfg.clip_ratio_c if math.isfinite(cfg.clip_ratio_c) else None
-        pg_loss, pg_metrics = ppo_clip_loss(logprobs, old, batch["advantages"], mask, cfg.clip_low, cfg.clip_high,
-                                            clip_ratio_c=dual, behaviour_weight=weight, **agg)
-        loss = pg_loss
-        kl = torch.zeros(())
+        ref_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logprobs = self._logprobs(self.ref_model, batch)
-            kl = kl_penalty(logprobs, ref_logprobs, mask, cfg.kl_kind, **agg)
-            loss = loss + cfg.kl_coef * kl
+        loss, out = micro_batch_loss(logprobs, batch, self.cfg, policy_version, denoms, ref_logprobs)
         # FSDP2 averages gradients over the group; the loss is already a global sum, so undo it.
         self._trim_host_heap()  # the forward's freed pages, before the backward allocates its own
         (loss * self.num_ranks).backward()
         self._trim_host_heap()  # and the backward's, before the next micro-batch or the optimizer's state
-        out = {"loss": loss.item(), "pg_loss": pg_loss.item(), "kl": kl.item(), **stats}
-        out.update({k: v.item() for k, v in pg_metrics.items()})
         return out
 
     def _trim_host_heap(self) -> None:
         if self.device.type == "cpu":  # on a GPU the caching allocator keeps blocks on purpose
             trim_host_heap()
-
-    def _off_policy_terms(self, current: torch.Tensor, batch: dict[str, torch.Tensor],
-                          policy_version: int) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """(old log-probs, behaviour weight or None, stale-token stats) of one micro-batch (module docstring, 4.).
-
-        The stats describe the stale tokens' true behaviour weights pi_current / pi_behave under
-        every objective, so that runs with different objectives report the same quantity."""
-        recorded = batch["old_logprobs"]
-        stale = (batch["versions"] < policy_version) & (batch["mask"] > 0)
-        mode = self.cfg.off_policy
-        # clamped like the PPO log-ratio: a weight of e^20 is over any cap anyway
-        true_weight = torch.exp(torch.clamp(current - recorded, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        capped = stale & (true_weight > self.cfg.behaviour_weight_cap) if mode == "decoupled" else torch.zeros_like(stale)
-        stale_weights = true_weight[stale]
-        stats = {"stale_tokens": float(stale.sum()), "behaviour_weight_sum": float(stale_weights.sum()),
-                 "behaviour_weight_max": float(stale_weights.max()) if stale_weights.numel() else 0.0,
-                 "behaviour_capped_tokens": float(capped.sum())}
-        if mode == "recompute-all":
-            return current, None, stats
-        if mode == "bypass":
-            return recorded, None, stats
-        old = torch.where(stale, current, recorded)
-        if mode == "recompute":
-            return old, None, stats
-        weight = torch.where(stale & ~capped, true_weight, torch.zeros_like(true_weight))
-        return old, torch.where(stale, weight, torch.ones_like(weight)), stats
 
     def _metrics(self, sums, trajectories, advantages, grad_norm, stepped, num_micro, start_s) -> dict[str, float]:
         if self.sharded:
