@@ -10,7 +10,11 @@ Algorithm (roofline plus communication):
    (ring: 2 (t-1)/t x size / link bandwidth + a latency of log2(t) rounds per all-reduce).
 2. Prefill of N tokens: flops-bound at `prefill_mfu`, with the same per-layer TP all-reduces.
 3. Training: 6 x active_params x tokens flops (+ `train_recompute_flops` for the log-prob pass)
-   over `num_devices x peak x train_mfu`.
+   over `num_devices x peak x train_mfu`. With h idle rollout instances helping k trainer ranks
+   (`elastic_train_s`), the batch splits evenly by tokens over k + h slots: the trainer takes k/(k+h)
+   of it on its k ranks, each helper 1/(k+h) on its one device, in parallel; then each helper hands
+   a float32 gradient split over the k trainer ranks (senders in parallel, so a trainer rank
+   receives h/k of a full gradient): 4 x params / link bandwidth x max(1, h/k).
 4. Weight sync: the bf16 weights cross the node interconnect once (broadcast is pipelined), plus a
    small fixed cost per receiving device. Reconfiguration: group rebuild plus moved devices'
    weight loads.
@@ -37,7 +41,8 @@ reported by the Libra paper's testbed (arXiv 2606.03077) and vendor sheets; appr
 
 Invariants (tests/scheduler/test_scheduler_costmodel.py): every time is positive and finite; decode time
 is non-decreasing in batch and context and, per token, TP>1 is faster than TP1 for models whose
-weights dominate; training time scales as 1/num_devices; `calibrate_cpu` rejects missing or
+weights dominate; training time scales as 1/num_devices; training with no helper is `train_s` exactly,
+and with helpers never faster than its slower part; `calibrate_cpu` rejects missing or
 non-positive measurements with a message naming them.
 """
 
@@ -50,6 +55,8 @@ from dataclasses import dataclass
 from scheduler.layout import VALID_TP
 
 GB = 1e9
+GRAD_BYTES_PER_PARAM = 4  # a helper hands its gradient to the trainer ranks in float32, whatever its weights' dtype
+HELPER_MEM_FRAC = 0.9  # of a rollout device's memory its weights and a gradient in their dtype may take to help
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +236,44 @@ class CostModel:
             raise ValueError(f"train_s: num_devices={num_devices} must be >= 1; give training at least one device")
         per_token = (6.0 + self.cfg.train_recompute_flops) * self.model.num_active_params
         return per_token * max(0, num_tokens) / (num_devices * self.hw.peak_flops * self.cfg.train_mfu)
+
+    def elastic_train_s(self, num_tokens: int, num_trainer: int, num_helpers: int) -> float:
+        """One trainer update over `num_tokens` tokens on `num_trainer` FSDP ranks helped by `num_helpers` idle TP1
+        rollout instances (module docstring, 3): the slower of the two parts, then the gradient hand-off.
+
+        Where the ranks share cores (a CPU profile) each part was measured with its own ranks busy; here
+        every training process runs at once, so each part is slowed to k + h busy processes (the simulator
+        slows the whole further by whatever else runs beside them: `elastic_measured_busy`)."""
+        if num_helpers <= 0:
+            return self.train_s(num_tokens, num_trainer)
+        k, h = num_trainer, num_helpers
+        trainer_s = self.train_s(num_tokens * k / (k + h), k)
+        helper_s = self.train_s(num_tokens / (k + h), 1)
+        if self.shared_cores:
+            trainer_s *= shared_core_slowdown(k + h, self.shared_cores, self.train_measured_busy(k))
+            helper_s *= shared_core_slowdown(k + h, self.shared_cores, 1)
+        return max(trainer_s, helper_s) + self.grad_handoff_s(k, h)
+
+    def elastic_measured_busy(self, num_trainer: int, num_helpers: int) -> int:
+        """Processes that were busy in what `elastic_train_s` prices (without helpers: `train_measured_busy`)."""
+        return self.train_measured_busy(num_trainer) if num_helpers <= 0 else num_trainer + num_helpers
+
+    def grad_handoff_s(self, num_trainer: int, num_helpers: int) -> float:
+        """Seconds for `num_helpers` helpers to hand their float32 gradients to `num_trainer` trainer ranks: each
+        sends a full gradient split over the ranks, all at once, so a trainer rank receives h/k of one."""
+        if num_helpers <= 0:
+            return 0.0
+        full_s = GRAD_BYTES_PER_PARAM * self.model.num_params / self.link_bw_bytes_s()
+        return full_s * max(1.0, num_helpers / max(1, num_trainer))
+
+    def link_bw_bytes_s(self) -> float:
+        """Bytes per second one device sends another (a profile derives it from its measured weight broadcast)."""
+        return self.hw.link_bw_bytes_s
+
+    def helper_fits(self) -> bool:
+        """Whether a TP1 rollout device can help train: its weights and a gradient in their dtype (cast to float32
+        as it is sent) fit its memory; a micro-batch's activations are small beside them, its KV cache is idle."""
+        return 2 * self.model.weight_bytes <= HELPER_MEM_FRAC * self.hw.mem_bytes
 
     def sync_s(self, num_rollout_devices: int, num_trainer_devices: int = 1, colocated: bool = False) -> float:
         """Trainer -> rollout weight transfer: the FSDP trainer gathers the full weights, then a

@@ -22,7 +22,9 @@ A profile (JSON, `HardwareProfile.save`, written atomically) holds, for one mode
 (log2 batch, context) on the measured grid and linear beyond it; prefill piecewise linear in the
 tokens; training uses the measured rank count, or the log-log scaling between the measured ones
 for others; TP > 1 scales the TP-1 time by the analytic model's TP ratio (CPU runs here measure
-TP 1 only). Memory questions (max batch, minimum TP) stay analytic on the profile's hardware.
+TP 1 only); a helper's float32 gradient hand-off to the trainer (`CostModel.elastic_train_s`) is as many
+bytes as the measured sync broadcast, so it takes that long. Memory questions (max batch, minimum TP)
+stay analytic on the profile's hardware.
 
 Invariants (tests/scheduler/test_scheduler_profile.py): a profile round-trips through JSON; the profiled
 model returns exactly the measured times at measured points and is monotone between them; a
@@ -39,7 +41,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scheduler.costmodel import HARDWARE, MODELS, CostModel, ModelSpec, shared_core_slowdown
+from scheduler.costmodel import GRAD_BYTES_PER_PARAM, HARDWARE, MODELS, CostModel, ModelSpec, shared_core_slowdown
 
 FIX = "write one with `python -m bench.profile --model M --out FILE`"
 HANDOFF_RANKS = 2  # ranks bench.profile times a role switch's trainer hand-off on
@@ -228,6 +230,11 @@ class ProfiledCostModel(CostModel):
             return 0.0
         gather = _interp(*self._gather, float(num_trainer_devices)) if self._gather[0] else 0.0
         return gather + (0.0 if colocated else self.profile.sync_s)
+
+    def link_bw_bytes_s(self) -> float:
+        # bench.profile times the broadcast of num_params float32 values (engine/runtime/profile.py `measure_comm`):
+        # a helper's float32 gradient is as many bytes, so its hand-off costs one measured sync
+        return GRAD_BYTES_PER_PARAM * self.model.num_params / self.profile.sync_s
 
     def reconfig_s(self, num_moved_devices: int, trainer_moved: bool = True, busy_ranks: int = 0) -> float:
         if num_moved_devices <= 0:

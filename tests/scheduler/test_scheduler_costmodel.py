@@ -128,3 +128,23 @@ def test_kv_capacity_is_one_formula_that_max_batch_reads():
     tiny = CostModel(HARDWARE["cpu"], ModelSpec(name="big", num_params=1e12, num_active_params=1e12, num_layers=1,
                                                 hidden=1, num_kv_heads=1, head_dim=1))
     assert tiny.kv_capacity_tokens(1) == 0.0 and tiny.max_batch(100, 1) == 1  # the weights alone do not fit
+
+
+def test_training_with_idle_helpers_splits_the_batch_and_pays_the_float32_hand_off():
+    cm = get_cost_model("a800", "qwen3-14b")
+    assert cm.elastic_train_s(10**6, 4, 0) == cm.train_s(10**6, 4)  # no helper: the trainer alone, exactly
+    full_s = 4 * 14.8e9 / 200e9  # one float32 gradient over the A800's 200 GB/s link
+    assert cm.grad_handoff_s(1, 1) == pytest.approx(full_s)
+    # one helper beside one trainer rank: each takes half the batch, then the helper hands its gradient over
+    assert cm.elastic_train_s(10**6, 1, 1) == pytest.approx(cm.train_s(5 * 10**5, 1) + full_s)
+    assert cm.elastic_train_s(10**6, 1, 1) < 0.6 * cm.train_s(10**6, 1)
+    # helpers send at once: a trainer rank receives h/k of a full gradient, never less than one sender's
+    assert cm.grad_handoff_s(4, 2) == pytest.approx(full_s)
+    assert cm.grad_handoff_s(2, 6) == pytest.approx(3 * full_s)
+    # the trainer's ranks take k/(k+h) of the batch on k ranks: the same time as each helper's 1/(k+h) on one
+    assert cm.elastic_train_s(9 * 10**5, 2, 1) == pytest.approx(cm.train_s(3 * 10**5, 1) + full_s)
+
+
+def test_a_helper_must_hold_a_gradient_beside_its_weights():
+    assert get_cost_model("a800", "qwen3-14b").helper_fits()  # 29.6 GB of weights, twice that in 72 GB
+    assert not get_cost_model("910b3", "qwen3-30b-a3b").helper_fits()  # 61 GB of weights on 64 GB devices

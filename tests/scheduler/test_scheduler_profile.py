@@ -204,3 +204,16 @@ def test_on_a_cpu_the_planner_keeps_every_rank_within_the_host_memory():
     assert trainer_ranks(10e9) == 2  # three trainer ranks and a rollout rank need 9 GB: past 80% of 10 GB
     with pytest.raises(ValueError, match="within the host memory.*--nproc"):
         trainer_ranks(5e9)
+
+
+def test_a_helpers_hand_off_costs_one_measured_sync_and_on_shared_cores_helpers_share_them():
+    # bench.profile times the broadcast of num_params float32 values: a helper's gradient is as many bytes
+    cm = ProfiledCostModel(HardwareProfile.load(Path(__file__).with_name("smollm2-cpu-profile.json")))
+    sync_s, tokens = cm.profile.sync_s, 4096
+    assert cm.grad_handoff_s(1, 1) == pytest.approx(sync_s)
+    assert cm.elastic_train_s(tokens, 1, 0) == cm.train_s(tokens, 1)
+    # two processes on the profile's two cores: each half at the speed it was measured at
+    assert cm.elastic_train_s(tokens, 1, 1) == pytest.approx(cm.train_s(tokens / 2, 1) + sync_s)
+    # four on two cores run at half speed: three helpers beside one trainer rank are no faster than one helper
+    assert cm.elastic_train_s(tokens, 1, 3) == pytest.approx(2 * cm.train_s(tokens / 4, 1) + 3 * sync_s)
+    assert cm.elastic_measured_busy(1, 3) == 4 and cm.elastic_measured_busy(2, 0) == cm.train_measured_busy(2)
