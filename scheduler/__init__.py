@@ -1,4 +1,5 @@
-"""Decisions only: C-MLFQ and the baseline routers, the cost model, the layout search and the planner.
+"""Decisions only: C-MLFQ and the baseline routers, the cost model, the layout search, the planner, and
+which idle rollout instances help train a step (`elastic`).
 
 Pure Python over plain data, no torch, no clock, no I/O: told of events with an explicit `now`,
 it returns small frozen dataclasses (a bucket, a migration, a plan). The very same objects drive

@@ -23,6 +23,8 @@ Algorithm (`DesignPlanner.on_step_end`):
    first now calibrate it (the first step alone misjudged a finish-order split by 20%: its fill
    was as predicted, its later steps 1.26x). Then no more: drift within a design is its
    planner's to follow.
+4. Which idle rollout instances help train a batch (`elastic_helpers`) is scheduler/elastic.py's
+   decision on the planner's cost model, whatever the design (a colocated one has no idle instance).
 
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
 at most two checks; a colocated design forecasts its steps too; a switch that
@@ -39,6 +41,8 @@ from collections.abc import Callable
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
 from scheduler.design import Design, DesignSpace, rank_designs
+from scheduler.elastic import elastic_helpers
+from scheduler.layout import RoleMap
 from scheduler.layout_model import Workload
 from scheduler.layout_search import switch_of
 from scheduler.planner import PlannerConfig, switch_cost_s
@@ -93,6 +97,10 @@ class DesignPlanner:
         """What the design checks and the split planner within concluded since the last call, in plain words."""
         notes, self._notes = self._notes, []
         return notes + (self.inner.take_notes() if self.inner is not None else [])
+
+    def elastic_helpers(self, num_tokens: int, role_map: RoleMap, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """Which idle rollout instances (`candidates`, offered by the step core) help train a batch of `num_tokens`."""
+        return elastic_helpers(self.cm, num_tokens, len(role_map.trainer_ranks), candidates)
 
     def _say(self, note: str) -> None:
         logger.info("planner %s", note)

@@ -31,6 +31,8 @@ Algorithm, per `on_step_end(stats, now)`:
 6. After each step it forecasts the next one on the layout in force (`forecast_step_s`: the
    recent workload, as calibrated); the step core writes that forecast into the next step's row
    beside the measured `step_s`, and the summary says how far off it was on average.
+7. When the step core hands out a batch it asks which idle rollout instances help train it
+   (`elastic_helpers`: scheduler/elastic.py's decision on this planner's cost model).
 
 Invariants (tests/scheduler/test_scheduler_planner.py): every plan validates for any G in 2..1024 (ranks
 add up, TP in {1,2,4,8}, both stages non-empty); rollout-heavy history gets more rollout devices
@@ -51,6 +53,7 @@ from pathlib import Path
 
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
+from scheduler.elastic import elastic_helpers
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, VALID_TP, BucketsConfig, RoleMap
 from scheduler.layout_model import Scales, Workload
 from scheduler.layout_search import Choice, LayoutSearch, Switch, switch_of
@@ -179,6 +182,10 @@ class GlobalPlanner:
         """What the checks since the last call concluded, in plain words: a layout kept and why, or a move."""
         notes, self._notes = self._notes, []
         return notes
+
+    def elastic_helpers(self, num_tokens: int, role_map: RoleMap, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """Which idle rollout instances (`candidates`, offered by the step core) help train a batch of `num_tokens`."""
+        return elastic_helpers(self.cm, num_tokens, len(role_map.trainer_ranks), candidates)
 
     def _forecast(self) -> float | None:
         """The step time the model predicts for the layout in force on the recent workload, as calibrated."""
