@@ -2,7 +2,7 @@
 
 Frozen dataclasses, no behaviour beyond validation and (de)serialisation: `CoreConfig`; the
 caller's `NewRequest` and `Finished`; the core's commands `Add`, `Export`, `Cancel`, `TrainBatch`
-and `StepEnd`; `RunState`, what a checkpoint keeps of the coordinator; and `group_id`, the one
+(with the idle rollout instances that join its training, `helpers`) and `StepEnd`; `RunState`, what a checkpoint keeps of the coordinator; and `group_id`, the one
 format of a GRPO group's id. `steps/core.py` is the state machine that consumes and produces
 them; the real coordinator and the simulator build and read them.
 
@@ -28,6 +28,7 @@ class CoreConfig:
     checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
     checkpoint_first: bool = False  # also right after the first step this run trains (a stop then never loses it all)
     batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
+    elastic: bool = False  # idle TP1 rollout instances may join a batch's training (the planner decides who: `TrainBatch.helpers`)
 
     def __post_init__(self) -> None:
         if (self.num_steps < 1 or self.max_staleness < 0 or self.lookahead < 0 or self.checkpoint_every < 0
@@ -95,6 +96,9 @@ class TrainBatch:
     payloads: tuple  # trajectories to train on, in request order
     request_ids: tuple[str, ...]
     policy_version: int  # the version the trainer starts from
+    # rollout instances (RoleMap instance ids, sorted) that compute gradients on a slice of this batch with the
+    # weights they hold and hand them to the trainer ranks (`CoreConfig.elastic`); () : the trainer alone
+    helpers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ Algorithm:
    trainer stepped (the no-signal rule, `has_signal`: a batch in which no GRPO group's rewards
    differ trains nothing, and its `StepStats.train_s` is 0); `end_step` builds the `MetricsRow`
    and the planner's `StepStats`, and asks the planner for a new layout.
+   With `elastic`, the batch also names its `helpers`: the TP1 rollout instances on no trainer
+   rank with nothing of the core on them or moving to them at that moment (`idle_instances`;
+   none while a layout changes) that the planner lets join (`elastic_helpers`: whether the split
+   pays for the gradient hand-off); the row reports how many (`train/elastic_helpers`).
    `batch_by_finish` (fully async, AReaL-style): a batch is instead the first complete GRPO
    groups to finish, as many as a step admits, from whichever admitted steps they come; a
    long group waits for a later batch instead of holding this one; the planner's stats carry the
@@ -36,7 +40,8 @@ Invariants (tests/steps/test_stepcore.py): every started trajectory is trained e
 dropped with a reason; steps are trained in order and a step never starts more than
 `lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness`; a finished
 trajectory counts even when its migration was under way; a layout change re-homes every
-request of a removed instance.
+request of a removed instance; a helper is never busy, on a trainer rank, of TP > 1, nor chosen
+during a layout change.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ from scheduler.api import OutcomeState, StepStats
 from scheduler.layout import RoleMap, keep_instance_ids
 from steps.commands import Add, Cancel, CoreConfig, Export, Finished, NewRequest, RunState, StepEnd, TrainBatch
 from steps.ledger import Ledger
+
+
+ELASTIC_KEY = "train/elastic_helpers"  # the row's count of idle rollout instances that helped train its batch
 
 
 def has_signal(members: Iterable[tuple[str, float | None]]) -> bool:
@@ -269,10 +277,36 @@ class StepCore:
                 continue
             ids.append(rid)
             payloads.append(fin.payload)
-        self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version)
+        tokens = sum(st.done[rid].num_tokens for rid in ids)
+        helpers = self._elastic_helpers(tokens) if ids else ()
+        self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version, helpers=helpers)
         self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
         self._stepped = False
         return self._training
+
+    def _elastic_helpers(self, num_tokens: int) -> tuple[int, ...]:
+        """The idle rollout instances that help train a batch of `num_tokens` (`CoreConfig.elastic`): the planner
+        chooses among those `idle_instances` offers; without a planner that can, none."""
+        choose = getattr(self.planner, "elastic_helpers", None)
+        if not self.cfg.elastic or choose is None:
+            return ()
+        candidates = self.idle_instances()
+        if not candidates:
+            return ()
+        chosen = tuple(sorted(choose(num_tokens, self.role_map, candidates)))
+        assert set(chosen) <= set(candidates), f"the planner chose helpers {chosen} outside the idle instances {candidates}"
+        return chosen
+
+    def idle_instances(self) -> tuple[int, ...]:
+        """TP1 rollout instances, on no trainer rank, with no request of the core on them or moving to them, sorted;
+        none while a layout changes (its parked requests are about to land somewhere)."""
+        if self.reconfiguring is not None or self.parked:
+            return ()
+        busy = {r.instance_id for r in self.requests.values()} | {r.target for r in self.requests.values()
+                                                                    if r.target is not None}
+        trainer = set(self.role_map.trainer_ranks)
+        return tuple(sorted(i.instance_id for i in self.role_map.instances
+                            if i.tp == 1 and i.ranks[0] not in trainer and i.instance_id not in busy))
 
     def _finish_order_step(self, now: float) -> Step | None:
         """The batch of the first complete groups to finish, as a step of its own; None until enough are in."""
@@ -322,7 +356,7 @@ class StepCore:
             st = self.steps.pop(batch.step)
             self._ready_groups = [k for k in self._ready_groups if k[0] != batch.step]  # only finish order reads them
         fins = [st.done[rid] for rid in batch.request_ids]
-        row = self._row(st, fins, now, sync_s)
+        row = self._row(st, fins, now, sync_s, helpers=len(batch.helpers))
         stats = StepStats(step=row.step, rollout_s=row.rollout_s, train_s=row.train_s if self._stepped else 0.0, sync_s=sync_s,
                           trajectory_tokens=tuple(f.num_tokens for f in fins),
                           decode_tokens=tuple(f.num_model_tokens for f in fins),  # tool output is not decoded
@@ -351,7 +385,7 @@ class StepCore:
             return ()
         return tuple(r.tokens for r in self.requests.values() if r.tokens > 0)
 
-    def _row(self, st: Step, fins: list[Finished], now: float, sync_s: float) -> MetricsRow:
+    def _row(self, st: Step, fins: list[Finished], now: float, sync_s: float, *, helpers: int) -> MetricsRow:
         rewards = [f.reward for f in fins if f.reward is not None]
         versions = [f.first_version for f in fins if f.first_version is not None]
         step_s = now - self._last_step_end
@@ -364,6 +398,8 @@ class StepCore:
             if f.reward_reason:
                 extra[f"score/{f.reward_reason}"] = extra.get(f"score/{f.reward_reason}", 0) + 1
         extra.update({f"dropped/{reason}": n for reason, n in sorted(st.dropped.items())})
+        if self.cfg.elastic:  # the core knows who helped, so a real row and a simulated one both say it
+            extra[ELASTIC_KEY] = helpers
         if self.planner is not None and self.planner.forecast_step_s is not None:  # foreseen before this step ran
             extra[PREDICTED_KEY] = self.planner.forecast_step_s
         # each trajectory's own lag (its oldest token): the simulator's reward model prices every one
