@@ -2,7 +2,9 @@
 
 `SYSTEMS` maps each `--system` name of docs/design.md to a frozen `SystemSpec`: which router it uses,
 whether its rollout buckets are heterogeneous, whether a planner re-plans, whether ranks move
-between training and rollout, whether rollout and training overlap, whether it is colocated.
+between training and rollout, whether rollout and training overlap, whether it is colocated,
+whether idle rollout instances help train (`elastic`: the libra variants with a planner, which
+decides; `libra-no-elastic` is libra without it).
 The runtime and the simulator build a system's router, first role map and planner from here
 and nowhere else, so a system means the same thing in both.
 
@@ -19,7 +21,7 @@ Initial layouts (`initial_role_map`), for world_size G >= 2 and trainer share f:
 Invariants (tests/scheduler/test_scheduler_systems.py): every name of docs/design.md is present; every initial
 role map validates for G in 2..1024; heterogeneous systems get a TP >= 2 instance once R >= 3;
 `make_planner` returns None exactly for the systems without a planner, and libra's is the design
-planner where the cost model prices a split.
+planner where the cost model prices a split; only a system with a planner is elastic.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SystemSpec:
     off_policy: str = "decoupled"  # the trainer's objective for stale tokens that its users run (TrainerConfig.off_policy)
     sim_only: bool = False  # needs knowledge only the simulator has
     chooses_design: bool = False  # the planner picks the design (scheduler/design.py) before step 1, from the bench's prior
+    elastic: bool = False  # idle TP1 rollout instances help train a batch where the planner says it pays (scheduler/elastic.py)
     description: str = ""  # one line for tables and --help
 
     def __post_init__(self) -> None:
@@ -63,6 +66,8 @@ class SystemSpec:
             raise ValueError(f"SystemSpec {self.name!r}: router={self.router!r} is not one of {sorted(ROUTERS)}")
         if self.realloc and not self.planner:
             raise ValueError(f"SystemSpec {self.name!r}: realloc=True needs planner=True; the planner decides the moves")
+        if self.elastic and not self.planner:
+            raise ValueError(f"SystemSpec {self.name!r}: elastic=True needs planner=True; the planner decides who helps train")
 
 
 def _spec(name: str, router: str, het: bool, planner: bool, realloc: bool, desc: str, **kw) -> SystemSpec:
@@ -74,7 +79,7 @@ def _spec(name: str, router: str, het: bool, planner: bool, realloc: bool, desc:
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     _spec("libra", "cmlfq", True, True, True, "the design first to the reward target (scheduler/design.py: split with C-MLFQ, "
           "finish-order batches, colocated or time-shared hybrid, and its lag bound), then C-MLFQ + planner + rank "
-          "reassignment within it", chooses_design=True),
+          "reassignment within it; idle rollout instances help train", chooses_design=True, elastic=True),
     _spec("colocate", "least_load", False, False, False,
           "verl-style synchronous: every rank generates, then every rank trains", async_pipeline=False, colocated=True),
     _spec("static", "least_load", False, False, False, "fixed split, homogeneous TP, least-load routing, one-step off-policy"),
@@ -90,20 +95,25 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
           "their KV kept", batch_by_finish=True),
     _spec("length_aware", "length_aware", True, False, False, "fixed split, heterogeneous buckets, per-prompt length predictor"),
     _spec("la_mlfq", "la_mlfq", True, False, False, "fixed split, heterogeneous buckets, MLFQ demotion by token limits"),
-    _spec("oracle", "oracle", True, True, True, "clairvoyant routing by true length + planner: the bound of step-batched schedules", sim_only=True),
+    _spec("oracle", "oracle", True, True, True, "clairvoyant routing by true length + planner: the bound of step-batched schedules",
+          sim_only=True, elastic=True),
     _spec("libra-partial", "cmlfq", True, True, True,
           "libra whose batches are the first groups to finish (partial-rollout's batching): the tail leaves the step",
-          batch_by_finish=True),
+          batch_by_finish=True, elastic=True),
     _spec("libra-hybrid", "least_load", False, False, False,
           "libra's time-shared hybrid layout: every rank hosts a rollout instance and trains; while a batch's tail "
           "finishes, the free instances start the next step's trajectories (one step of lookahead); all pause to "
           "train and resume on the new weights (one of the designs libra's planner chooses among)", colocated=True),
     _spec("libra-no-design", "cmlfq", True, True, True,
-          "libra held to its split design (step batches, the configured lag bound), whatever the bench's prior says"),
+          "libra held to its split design (step batches, the configured lag bound), whatever the bench's prior says",
+          elastic=True),
     _spec("libra-no-planner", "cmlfq", True, False, False, "libra with its initial layout kept for the whole run"),
-    _spec("libra-no-realloc", "cmlfq", True, True, False, "libra whose planner re-plans buckets but keeps the train/rollout split"),
-    _spec("libra-no-cmlfq", "least_load", True, True, True, "libra with least-load routing instead of C-MLFQ"),
-    _spec("libra-homogeneous", "cmlfq", False, True, True, "libra with one bucket of one TP degree"),
+    _spec("libra-no-realloc", "cmlfq", True, True, False, "libra whose planner re-plans buckets but keeps the train/rollout split",
+          elastic=True),
+    _spec("libra-no-cmlfq", "least_load", True, True, True, "libra with least-load routing instead of C-MLFQ", elastic=True),
+    _spec("libra-homogeneous", "cmlfq", False, True, True, "libra with one bucket of one TP degree", elastic=True),
+    _spec("libra-no-elastic", "cmlfq", True, True, True, "libra whose idle rollout instances never help train (its design "
+          "chosen as libra's)", chooses_design=True),
 )}
 
 
@@ -209,7 +219,8 @@ def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_
         space = design_space(world_size=world_size, buckets=buckets.buckets(), planner=cfg, max_staleness=max_staleness,
                              group_size=group_size, gamma=gamma)
         # a colocated layout in force (a resumed run that had moved to one) runs time-shared at this lookahead
-        design = design or Design(system="libra-hybrid" if current.colocated else system, lag=max_staleness,
+        # libra's designs run as its SYSTEMS entries (DESIGN_FAMILIES), whichever libra variant chooses among them
+        design = design or Design(system="libra-hybrid" if current.colocated else "libra", lag=max_staleness,
                                   role_map=current, step_s=math.nan, fill_s=math.nan, gamma=space.gamma)
 
         def planner_for(d: Design, remaining: int):

@@ -1,5 +1,7 @@
 """The systems table: names, router kinds, initial layouts for any G, planners only where due."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +16,7 @@ from scheduler.systems import SYSTEMS, SystemSpec, get_system, initial_role_map,
 NAMES = ["libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "length_aware", "la_mlfq", "oracle", "libra-partial", "libra-hybrid", "libra-no-design",
          "libra-no-planner",
          "libra-no-realloc",
-         "libra-no-cmlfq", "libra-homogeneous"]
+         "libra-no-cmlfq", "libra-homogeneous", "libra-no-elastic"]
 CM = get_cost_model("cpu", "tiny")
 
 
@@ -25,13 +27,22 @@ def test_table_names_and_flags():
         "cmlfq", True, True, True, True, False)
     assert get_system("colocate").colocated and not get_system("colocate").async_pipeline
     assert get_system("oracle").sim_only and all(s.description for s in SYSTEMS.values())
-    assert [n for n, s in SYSTEMS.items() if s.chooses_design] == ["libra"]  # its ablations keep their design
+    # its ablations keep their design, but for the one that only turns the idle instances' help off
+    assert [n for n, s in SYSTEMS.items() if s.chooses_design] == ["libra", "libra-no-elastic"]
+    # the planner decides who helps train: every system with one may, libra-no-elastic is libra without it
+    assert [n for n, s in SYSTEMS.items() if s.planner and not s.elastic] == ["libra-no-elastic"]
+    assert not any(s.elastic for s in SYSTEMS.values() if not s.planner)
+    unnamed = {"name": "", "elastic": False, "description": ""}
+    assert dataclasses.replace(get_system("libra-no-elastic"), **unnamed) == dataclasses.replace(libra, **unnamed)
     with pytest.raises(ValueError, match=r"unknown system 'verl'; choose one of \['libra', 'colocate'"):
         get_system("verl")
     with pytest.raises(ValueError, match=r"router='x' is not one of"):
         SystemSpec(name="s", router="x", heterogeneous=False, planner=False, realloc=False, async_pipeline=True, colocated=False)
     with pytest.raises(ValueError, match=r"realloc=True needs planner=True"):
         SystemSpec(name="s", router="cmlfq", heterogeneous=False, planner=False, realloc=True, async_pipeline=True, colocated=False)
+    with pytest.raises(ValueError, match=r"'s': elastic=True needs planner=True; the planner decides who helps train"):
+        SystemSpec(name="s", router="cmlfq", heterogeneous=False, planner=False, realloc=False, async_pipeline=True,
+                   colocated=False, elastic=True)
 
 
 def test_make_router_kinds():
