@@ -14,7 +14,9 @@ Algorithm:
    leaves for its tool (latency from the workload); at the tool return the core may migrate it
    (exported at once; the target re-prefills the whole context). At its bucket's token limit the
    core may demote it. Its last turn finishes it in the core.
-3. When the core hands out a batch and the trainer is free, the trainer runs `train_s`; then
+3. When the core hands out a batch and the trainer is free, the trainer runs `train_s` (with the
+   idle instances the core names as helpers, `elastic_train_s`: each helper is stalled, busy,
+   until the update ends, and requests routed to it meanwhile wait); then
    weights sync to the rollout (`sync_s`, instances pause) and the core ends the step (row,
    stats, planner). A new role map is applied at once: the switch waits for the tool calls of
    the requests it moves, the trainer then waits `reconfig_s` (the hand-off) while the engines
@@ -48,14 +50,14 @@ class ClusterSim:
     def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, lookahead: int,
                  longest_first: bool = False, clairvoyant: bool = False, free_sync: bool = False, free_reconfig: bool = False,
                  record: bool = False, ctx_quantum: int = 64, batch_by_finish: bool = False,
-                 interrupt_on_update: bool = False):
+                 interrupt_on_update: bool = False, elastic: bool = False):
         self.cfg = cfg
         self.cost = MemoizedCost(cost, ctx_quantum)  # contexts rounded to 64 tokens: < 1% off, most queries repeat
         self.workload = workload
         self.router = router
         self.core = core.StepCore(commands.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
                                                   lookahead=lookahead,
-                                                  batch_by_finish=batch_by_finish),
+                                                  batch_by_finish=batch_by_finish, elastic=elastic),
                                   router, planner, role_map)
         self.interrupt_on_update = interrupt_on_update  # AReaL: in-flight KV is recomputed on the new weights
         self.stats: list = []  # the core's StepStats, one per step (what a planner would have seen)
@@ -278,20 +280,30 @@ class ClusterSim:
             self._push(self.now, _SYNC_DONE, 0.0)
             return
         tokens = sum(r.context for r in batch.payloads) * self.cfg.train_epochs
-        num_trainer = len(self.role_map.trainer_ranks)
+        num_trainer, num_helpers = len(self.role_map.trainer_ranks), len(batch.helpers)
         # the real trainer skips a step in which no group's rewards differ: its gradient is zero
         stepped = core.has_signal((r.group_id, r.spec.reward) for r in batch.payloads)
-        dur = self.cost.train_s(tokens, num_trainer) if stepped else 0.0
+        dur = self.cost.elastic_train_s(tokens, num_trainer, num_helpers) if stepped else 0.0
         self.training = dur > 0
+        start = max(self.now, self.trainer_free_at)
+        if dur and num_helpers:  # stalled before the share below: a helper is one of the busy processes
+            for iid in batch.helpers:
+                self._help_train(self.instances[iid], start - self.now + dur)
         if dur and self.cost.shared_cores:  # measured with its own ranks busy; now beside whatever else runs
             dur *= shared_core_slowdown(self._busy_processes(), self.cost.shared_cores,
-                                        self.cost.train_measured_busy(num_trainer))
+                                        self.cost.elastic_measured_busy(num_trainer, num_helpers))
         self.trainer_busy = True
         if dur and self._time_shared():  # the ranks that train are the rollout's: generation pauses meanwhile
             for inst in self.instances.values():
                 inst.stall(self.now, dur)
             self._drop_parked_kv()
-        self._push(max(self.now, self.trainer_free_at) + dur, _TRAIN_DONE, (dur, tokens, stepped))
+        self._push(start + dur, _TRAIN_DONE, (dur, tokens, stepped))
+
+    def _help_train(self, inst: SimInstance, seconds: float) -> None:
+        """An idle instance computes gradients for the trainer for `seconds` of work (on shared cores they run at
+        the core share, as the trainer's update is slowed): requests routed to it meanwhile wait."""
+        assert not inst.num_active and not inst.queue, f"helper instance {inst.instance_id} is not idle"
+        inst.stall(self.now, seconds)
 
     def _time_shared(self) -> bool:
         """A colocated layout with batches in flight while one trains (libra-hybrid)."""

@@ -9,6 +9,7 @@ from scheduler.api import Decision, OutcomeState, PlanDecision, Route
 from scheduler.layout import Bucket, colocated_role_map, split_role_map
 from scheduler.routers import LeastLoadRouter
 from sim.cluster import ClusterSim
+from sim.instance import SimInstance, SimRequest
 from sim.config import SimConfig
 from sim.workload import TrajSpec
 from steps.commands import group_id
@@ -33,6 +34,12 @@ class FakeCost:
 
     def train_measured_busy(self, num_devices):
         return num_devices
+
+    def elastic_train_s(self, num_tokens, num_trainer, num_helpers):
+        return 2.0 if not num_helpers else 1.2  # helpers halve the update; the hand-off costs 0.2
+
+    def elastic_measured_busy(self, num_trainer, num_helpers):
+        return num_trainer + num_helpers
 
     def sync_s(self, num_rollout_devices, num_trainer_devices=1, colocated=False):
         return 0.5
@@ -273,3 +280,47 @@ def test_an_instance_holds_the_kv_the_cost_model_prices():
     sim = ClusterSim(cfg=cfg, cost=cost, workload=FakeWorkload([_spec()]), router=FakeRouter(), planner=None,
                      role_map=rm, lookahead=1)
     assert [i.kv_capacity_tokens for i in sim.instances.values()] == [cost.kv_capacity_tokens(1)] * 2
+
+
+class HelpAll:
+    """A planner that lets every idle instance it is offered help train, and plans nothing else."""
+
+    forecast_step_s = None
+
+    def on_step_end(self, stats, now):
+        return None
+
+    def take_notes(self):
+        return []
+
+    def elastic_helpers(self, num_tokens, role_map, candidates):
+        return candidates
+
+
+def test_idle_instances_help_train_and_the_row_says_how_many():
+    cfg = SimConfig(num_devices=3, steps=2, prompts_per_step=1, samples_per_prompt=1, max_staleness=0)
+    rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)),
+                        buckets=(Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None)))
+
+    def rows(elastic):
+        return ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec()]), router=FakeRouter(), planner=HelpAll(),
+                          role_map=rm, lookahead=0, ctx_quantum=1, elastic=elastic).run()
+
+    # each step: 1.405 rollout, then both (idle) instances help: the update takes 1.2 instead of 2.0, then 0.5 sync;
+    # the helper that runs the next step is busy until the update ends, and takes it once the sync is over
+    helped = rows(True)
+    assert [r["time_s"] for r in helped] == pytest.approx([3.105, 6.21])
+    assert [(r["train_s"], r["train/elastic_helpers"]) for r in helped] == [(1.2, 2), (1.2, 2)]
+    alone = rows(False)
+    assert [r["time_s"] for r in alone] == pytest.approx([3.905, 7.81]) and "train/elastic_helpers" not in alone[0]
+
+
+def test_an_idle_instance_busy_helping_takes_requests_and_runs_them_once_it_is_done():
+    inst = SimInstance(instance_id=0, tp=1, bucket="short", bucket_limit=None, capacity=8, cost=FakeCost())
+    inst.stall(0.0, 1.2)  # computing gradients for the trainer until 1.2
+    assert inst.busy and inst.next_event_time(0.0) is None
+    inst.advance(0.5)
+    inst.queue.append(SimRequest(_spec(turns=(10,), out=(), latency=()), 0, 0, 0.5, "g"))
+    inst.fill()
+    # the help left (0.7), the prompt's prefill (0.1), ten decode iterations (0.1)
+    assert inst.next_event_time(0.5) == pytest.approx(1.4)

@@ -129,6 +129,25 @@ def test_training_heavy_workload_moves_devices_to_training():
     assert trainers(last) > trainers(first)
 
 
+def test_idle_instances_help_libra_train_and_every_trajectory_still_trains_once():
+    # SmolLM2 (TP1 only) on 8 H100s: libra's split leaves TP1 instances idle when a batch is handed out
+    cfg = SimConfig(bench="swe", hardware="h100", model="smollm2-135m", num_devices=8, steps=4, prompts_per_step=4,
+                    samples_per_prompt=4)
+    runs = {name: play_system(cfg, name, record=True) for name in ("libra", "libra-no-elastic")}
+    for name, (summary, rows, admitted, _) in runs.items():
+        assert summary["trajectories"] == 4 * 16 and not any(summary["dropped"].values()), name
+        assert sorted(r.spec.request_id for r in admitted) == sorted({r.spec.request_id for r in admitted})
+        assert all(r.finished_at >= 0 and r.decode_done == r.spec.decode_tokens for r in admitted), name
+    helped = [r["train/elastic_helpers"] for r in runs["libra"][1]]
+    assert max(helped) > 0, helped
+    assert not any(r.get("train/elastic_helpers") for r in runs["libra-no-elastic"][1])
+    # the same design and trajectories; the helpers only shorten the updates they join
+    assert runs["libra"][0]["design"] == runs["libra-no-elastic"][0]["design"]
+    for with_help, alone in zip(runs["libra"][1], runs["libra-no-elastic"][1]):
+        if with_help["train/elastic_helpers"]:
+            assert with_help["train_s"] < alone["train_s"]
+
+
 def test_sim_imports_no_torch():
     code = "import sys, sim.run, sim.trace, sim.cluster; print(sorted(m for m in ('torch', 'transformers', 'multiprocessing', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
