@@ -135,3 +135,14 @@ def policy_logprobs(model: nn.Module, batch: dict[str, torch.Tensor], *, tempera
         return logprobs
     valid = batch["target_valid"] > 0
     return torch.where(valid, logprobs[0][batch["unpack_index"]], torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"{type(model).__name__} has no activation checkpointing (not a transformers model); "
+                         "set --trainer.activation-checkpointing off")

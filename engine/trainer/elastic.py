@@ -6,12 +6,12 @@ pre-step weights), so the gradient of any share of the batch computed on it is t
 
 Algorithm of one step with helpers h_1..h_m (global ranks) beside k trainer ranks:
   1. Every rank derives the same `StepPlan` from the same list over k + m slots
-     (engine/trainer/trainer.py `plan_step`): trainer rank r takes slot r, helper j slot k + j.
+     (engine/trainer/step.py `plan_step`): trainer rank r takes slot r, helper j slot k + j.
   2. A helper runs its slot's micro-batches through the same loss (`micro_batch_loss`, the step's
      global denominators) and backward, on its own unsharded model; it adds nothing to its weights.
   3. It sends each trainer rank that rank's FSDP2 shard of every parameter's gradient (dim-0 chunks,
-     as `fully_shard` cuts them; the whole gradient to an unsharded trainer), flattened into one
-     float32 tensor, point to point over the default group: no process group is built for it, so the
+     as `fully_shard` cuts them; the whole gradient to an unsharded trainer), flattened into float32
+     messages of at most `BUCKET_VALUES` values, point to point over the default group: no process group is built for it, so the
      trainer's FSDP group is never rebuilt. Its metric sums go to the first trainer rank.
   4. Each trainer rank adds the helpers' shards, in helper order, to its own gradient shards after its
      backward (FSDP2 has reduce-scattered them), then clips and steps as usual.
@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.trainer.batch import collate, policy_logprobs
+from engine.trainer.batch import collate, enable_activation_checkpointing, policy_logprobs
 from engine.trainer.config import TrainerConfig
-from engine.trainer.trainer import add_metrics, micro_batch_loss, plan_step
+from engine.trainer.step import add_metrics, micro_batch_loss, plan_step
 from engine.trajectory import Trajectory
 
 _GRAD_DTYPE = torch.float32
+BUCKET_VALUES = 16 * 2**20  # float32 values per message (64 MiB): the hand-off never holds a whole float32 gradient
 
 
 def help_step(model: nn.Module, model_version: int, trajectories: list[Trajectory], policy_version: int,
@@ -56,6 +57,9 @@ def help_step(model: nn.Module, model_version: int, trajectories: list[Trajector
     params = list(model.parameters())
     was = [p.requires_grad for p in params]
     sums: dict[str, float] = {}
+    if cfg.activation_checkpointing == "on" or (cfg.activation_checkpointing == "auto" and device.type != "cpu"):
+        enable_activation_checkpointing(model)  # as the trainer's ranks do: an idle instance still holds its KV memory
+        model.train()  # transformers checkpoints layers only in training mode (these policies have no dropout)
     try:
         for p in params:
             p.requires_grad_(True)
@@ -74,17 +78,35 @@ def help_step(model: nn.Module, model_version: int, trajectories: list[Trajector
         for p, req in zip(params, was):
             p.grad = None
             p.requires_grad_(req)
+        model.eval()
     return sums
 
 
 def _send_shards(grads: list[torch.Tensor], trainer_ranks: tuple[int, ...], sums: dict[str, float]) -> None:
     k = len(trainer_ranks)
     for r, dst in enumerate(trainer_ranks):
-        flat = torch.cat([shard_of(g, r, k).reshape(-1).to(_GRAD_DTYPE) for g in grads])
-        dist.send(torch.tensor([flat.numel()], dtype=torch.int64, device=flat.device), dst=dst)
-        dist.send(flat, dst=dst)
+        shards = [shard_of(g, r, k).reshape(-1) for g in grads]
+        device = grads[0].device
+        dist.send(torch.tensor([sum(x.numel() for x in shards)], dtype=torch.int64, device=device), dst=dst)
+        for bucket in buckets([x.numel() for x in shards]):
+            dist.send(torch.cat([shards[i].to(_GRAD_DTYPE) for i in bucket]), dst=dst)
         if r == 0:
-            dist.send_object_list([sums], dst=dst, device=flat.device)
+            dist.send_object_list([sums], dst=dst, device=device)
+
+
+def buckets(sizes: list[int], max_values: int | None = None) -> list[list[int]]:
+    """Consecutive indices grouped into messages of at most `max_values` (default `BUCKET_VALUES`) values; a
+    larger tensor alone in one."""
+    max_values = max_values or BUCKET_VALUES
+    out: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not out or total + n > max_values:
+            out.append([])
+            total = 0
+        out[-1].append(i)
+        total += n
+    return out
 
 
 def shard_of(tensor: torch.Tensor, rank: int, num_ranks: int) -> torch.Tensor:
@@ -111,12 +133,14 @@ def add_helper_gradients(model: nn.Module, helpers: tuple[int, ...], rank: int, 
         if int(size) != numel:
             raise RuntimeError(f"trainer rank {rank}: helper rank {src} sent a gradient shard of {int(size)} values, "
                                f"this rank's is {numel}: the helper's model is not the trainer's")
-        flat = torch.empty(numel, dtype=_GRAD_DTYPE, device=device)
-        dist.recv(flat, src=src)
-        offset = 0
-        for g in local:
-            g.add_(flat[offset: offset + g.numel()].view_as(g).to(g.dtype))
-            offset += g.numel()
+        for bucket in buckets([g.numel() for g in local]):
+            flat = torch.empty(sum(local[i].numel() for i in bucket), dtype=_GRAD_DTYPE, device=device)
+            dist.recv(flat, src=src)
+            offset = 0
+            for i in bucket:
+                g = local[i]
+                g.add_(flat[offset: offset + g.numel()].view_as(g).to(g.dtype))
+                offset += g.numel()
         if rank == 0:
             box = [None]
             dist.recv_object_list(box, src=src, device=device)

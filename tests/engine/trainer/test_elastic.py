@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from engine.devices import DeviceInfo
 from engine.runtime.launch import PRELOAD, spawn
+from engine.trainer.elastic import buckets
 from engine.trainer.trainer import Trainer, TrainerConfig, plan_step
 from trainer_helpers import make_trajs
 
@@ -30,7 +31,10 @@ def batches():
 
 def _run(ctx, num_trainers: int):
     from engine.models import build_tiny
+    from engine.trainer import elastic
     from engine.trainer.elastic import help_step
+
+    elastic.BUCKET_VALUES = 50_000  # several messages per hand-off, as a real model's takes
 
     trainer_ranks = tuple(range(1, 1 + num_trainers))
     helper = 1 + num_trainers
@@ -83,3 +87,9 @@ def test_a_helpers_gradient_summed_in_equals_the_trainers_own_step(num_trainers)
     # the helper had a real share of each step, not an empty slot
     for trajs in batches():
         assert plan_step(trajs, TrainerConfig(**CFG), num_trainers + 1).plan[num_trainers]
+
+
+def test_hand_off_buckets_keep_order_and_bound_each_message():
+    assert buckets([3, 4, 2, 10, 1], max_values=7) == [[0, 1], [2], [3], [4]]
+    assert buckets([], max_values=7) == []
+    assert [i for b in buckets([5] * 11, max_values=12) for i in b] == list(range(11))
