@@ -46,3 +46,15 @@ class RolloutEngine(TurnEngine):
                              kv_cache=kv_cache, linears=linears)
         super().__init__(runner, tokenizer, cfg, policy_version=policy_version, instance_id=instance_id,
                          recompute_kv_on_update=recompute_kv_on_update, generation_config=getattr(model, "generation_config", None))
+
+    def policy_model(self, policy_version: int):
+        """The model this engine decodes with, at `policy_version` (queued weights applied first): an idle instance
+        that joins training (engine/trainer/elastic.py) computes gradients with it. Only for a TP1 instance."""
+        if self.runner.tp_group is not None:
+            raise ValueError(f"instance {self.instance_id} is a TP instance: only a TP1 instance's model is whole")
+        if self._pending_weights is not None:
+            self._apply_weights(*self._pending_weights)
+        if self.policy_version != policy_version:
+            raise RuntimeError(f"instance {self.instance_id} holds policy version {self.policy_version}, "
+                               f"not {policy_version}: it cannot compute that step's gradient")
+        return self.runner.model

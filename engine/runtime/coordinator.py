@@ -67,6 +67,7 @@ TRACE_EVERY_S = 30.0  # trace.json is rewritten at a step end at most this often
 
 def core_config(cfg, spec, design=None) -> commands.CoreConfig:
     """Lookahead = max_staleness for async systems, 0 for synchronous ones: staleness is bounded by construction.
+    Idle TP1 instances may join training (`elastic`) where the system does it and the runtime can.
     `design`: libra's first design (scheduler/design.py), whose lookahead, bound and batching the run starts on."""
     lookahead = design.lookahead if design else lookahead_of(spec.name, cfg.step.max_staleness)
     return commands.CoreConfig(num_steps=cfg.run.steps, lookahead=lookahead,
@@ -74,7 +75,9 @@ def core_config(cfg, spec, design=None) -> commands.CoreConfig:
                                checkpoint_every=cfg.step.checkpoint_every,
                                checkpoint_every_s=cfg.step.checkpoint_every_min * 60,
                                batch_by_finish=design.batch_by_finish if design else spec.batch_by_finish,
-                               checkpoint_first=True)
+                               checkpoint_first=True,
+                               # a helper computes its gradient with the torch model it decodes with, and has no KL reference
+                               elastic=spec.elastic and cfg.rollout.backend != "vllm" and cfg.trainer.kl_coef == 0)
 
 
 def finished_of(traj: Trajectory) -> commands.Finished:
@@ -331,7 +334,9 @@ class Coordinator:
         sync_s = 0.0
         if batch.payloads:
             self._publish(STOP_NEEDS_KEY, self._stop_needs_s())  # a stop from here on waits for this step
-            self.send_workers(msg.Train(batch.step, list(batch.payloads), batch.policy_version), self.role_map.trainer_ranks)
+            helpers = tuple(self.role_map.instance(i).ranks[0] for i in batch.helpers)  # idle TP1 instances join
+            self.send_workers(msg.Train(batch.step, list(batch.payloads), batch.policy_version, helpers),
+                              self.role_map.trainer_ranks + helpers)
             trained, = self.wait_for(msg.Trained, 1, f"the trainer to finish step {batch.step}")
             # the trainer reports whether it stepped (it skips a step with no signal, or a non-finite one)
             self.core.on_trained(train_s=self.now() - t_train, stepped=bool(trained.metrics.get("train/stepped", 1)),

@@ -16,7 +16,7 @@ followers to do next, broadcast over the instance's group by engine/runtime/work
 Who replies what:
     Add            -> Events (ToolReturned / Progress / Finished) as the request runs
     Export         -> Exported (its state) or ExportFailed (finished meanwhile, or in a tool call)
-    Train          -> Trained from the first trainer rank
+    Train          -> Trained from the first trainer rank (helpers send their gradients to the trainer ranks)
     Sync           -> Synced from each rollout instance's leader and the first trainer rank
     Save           -> Saved from the first trainer rank
     ApplyRoleMap   -> Ready from every worker
@@ -102,11 +102,12 @@ class EnvResult:
 # ---- coordinator -> every member (collectives) ------------------------------------------------
 @dataclass(frozen=True)
 class Train:
-    """To every trainer rank: one GRPO step on the same full batch."""
+    """To every trainer rank and every helper: one GRPO step on the same full batch."""
 
     step: int
     trajectories: list  # engine.trajectory.Trajectory
     policy_version: int
+    helpers: tuple[int, ...] = ()  # workers of idle TP1 instances that compute a share of the gradient (elastic joins)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Loop of a worker (global rank >= 1):
   1. poll its mailbox for `engine/runtime/protocol.py` messages: `Add`/`Export`/`Cancel` (rollout
      leader), `EnvResult` (a tool or score reply for one of its trajectories), and the collective
-     ones that every concerned rank receives: `Train`, `Sync`, `Save`, `ApplyRoleMap`, `Stop`;
+     ones that every concerned rank receives: `Train`, `Sync`, `Save`, `ApplyRoleMap`, `Stop`
+     (`Train` also reaches the leaders of idle TP1 instances the step core chose to join training:
+     they compute a share of the gradient, engine/trainer/elastic.py);
   2. if it leads a rollout instance: one `RolloutEngine.step()`, events sent to the coordinator;
   3. meanwhile a thread beats (wall time + role) on the store (`engine.runtime.control.Heartbeat`).
 Followers of a TP instance sit in a tick loop: the leader broadcasts `Tick.STEP` before each engine
@@ -344,8 +346,10 @@ class Worker:
     def _collective(self, command) -> bool:
         """One command every member rank receives; True once told to stop."""
         match command:
-            case msg.Train():
+            case msg.Train() if self.trainer is not None:
                 self._train(command)
+            case msg.Train():
+                self._help(command)
             case msg.Sync(version):
                 self._sync(version)
             case msg.Save(path):
@@ -367,10 +371,26 @@ class Worker:
         t0 = time.perf_counter()
         if self.engine is not None and offload_rollout_for_training(self.groups.role_map.colocated, self.device.type):
             self.engine.offload()  # colocated: the trainer gets the rollout's KV and weight memory back
-        metrics = self.trainer.train_step(train.trajectories, train.policy_version)
+        metrics = self.trainer.train_step(train.trajectories, train.policy_version,
+                                          helpers=tuple(to_global(w) for w in train.helpers))
         if self.idx == self.trainer_ranks[0]:
             metrics["train/wall_s"] = time.perf_counter() - t0
             self.mailbox.send(COORDINATOR, msg.Trained(train.step, metrics))
+
+    def _help(self, train: msg.Train) -> None:
+        """An idle TP1 instance joins the step: the gradient of its share, with the weights it decodes with."""
+        from engine.trainer.elastic import help_step
+
+        assert self.idx in train.helpers and self.engine is not None and self.engine.idle, \
+            f"worker {self.idx}: asked to help train step {train.step} but it is not an idle instance"
+        t0 = time.perf_counter()
+        trainers = self.groups.role_map.trainer_ranks
+        help_step(self.engine.policy_model(train.policy_version), self.engine.policy_version, train.trajectories,
+                  train.policy_version, self.cfg.trainer, slot=len(trainers) + train.helpers.index(self.idx),
+                  num_slots=len(trainers) + len(train.helpers), trainer_ranks=tuple(to_global(r) for r in trainers),
+                  device=self.device)
+        self.stats["elastic_steps"] = self.stats.get("elastic_steps", 0) + 1
+        self.stats["elastic_s"] = self.stats.get("elastic_s", 0.0) + time.perf_counter() - t0
 
     def _sync(self, version: int) -> None:
         """New weights to every rollout rank: local reload when colocated, else a broadcast."""

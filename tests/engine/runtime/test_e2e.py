@@ -74,6 +74,20 @@ def test_libra_starts_on_its_first_design_colocated_and_time_shared(tmp_path):
     assert max(row["staleness_max"] for row in metrics) <= 1 and sum(row.get("trajectories_at_lag/1", 0) for row in metrics)
 
 
+def test_idle_rollout_instances_join_training(tmp_path):
+    """Elastic joins on real ranks: on-policy step batches (lag 0, libra's split held) leave every rollout instance
+    idle while a batch trains, so the step core offers them and the planner adds them where the cost model says it
+    pays; each trained step reports its helpers, and every trajectory is still trained exactly once."""
+    summary, metrics = run_libra(tmp_path, "--system", "libra-no-design", "--env", "examples.digits_env:DigitEnv",
+                                 "--rollout.max-turns", "1", "--step.samples-per-prompt", "4",  # digits: rewards differ
+                                 "--steps", "3", "--step.max-staleness", "0")
+    check_outputs(summary, metrics, 3)
+    assert summary["ledger"]["trained"] == summary["ledger"]["started"] == 24
+    trained = [row for row in metrics if row.get("train/stepped")]
+    assert trained and all(row["train/elastic_helpers"] >= 1 for row in trained), \
+        [(row["step"], row.get("train/elastic_helpers")) for row in metrics]
+
+
 def check_outputs(summary: dict, metrics: list[dict], steps: int) -> None:
     assert summary["mode"] == "real" and summary["steps"] == steps
     assert all(k in summary for k in SUMMARY_FIELDS)
@@ -93,6 +107,8 @@ def test_every_system_runs_three_steps_on_every_bench(tmp_path, system, bench):
     assert summary["system"] == system and summary["bench"] == bench
     if not SYSTEMS[system].batch_by_finish:  # the continuous peers bound staleness at admission instead
         assert max(row["staleness_max"] for row in metrics) <= 1
+    if not SYSTEMS[system].elastic:  # only a system whose planner decides lends idle instances to training
+        assert not any(row.get("train/elastic_helpers") for row in metrics)
     if system == "libra":  # its first design, chosen before step 1 on the prompts at the caps, is the layout it starts on
         (step, note), *_ = summary["planner_notes"]
         assert step == 0 and note.startswith("started on the design"), summary["planner_notes"]
