@@ -38,7 +38,8 @@ from bench.staleness import mean_range_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("libra", "colocate", "static", "verl-async", "fully-async", "partial-rollout", "libra-hybrid")
-RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--device", "cpu", "--nproc", "4",
+NPROC = 4
+RUN_ARGS = ("--env", "examples.digits_env:DigitEnv", "--device", "cpu", "--nproc", str(NPROC),
             "--step.prompts-per-step", "4", "--step.samples-per-prompt", "8", "--rollout.max-new-tokens-per-turn", "8",
             "--rollout.max-turns", "1")
 # the tiny policy learns the digit task in ~10-15 steps at 2e-2; 1e-3 (the tiny preset) needs ~10x more
@@ -128,7 +129,8 @@ def main() -> None:
             print(f"[convergence] {system} seed {seed} ...", file=sys.stderr, flush=True)
             results[system].append(run_one(system, seed, args.steps, out / f"{system}-seed{seed}", profile,
                                            args.model, lr))
-    print(f"{'system':<16} {'steps to target':>22} {'seconds to target':>24} {'tokens/s':>14} {'staleness max':>13}")
+    print(f"{'system':<16} {'steps to target':>22} {'seconds to target':>24} {'tokens/s':>14} {'staleness max':>13} "
+          f"{'elastic steps':>13} {'hybrid steps':>12}")
     steps_of: dict[str, list[int | None]] = {}
     secs_of: dict[str, list[float | None]] = {}
     for system, runs in results.items():
@@ -136,8 +138,14 @@ def main() -> None:
         steps_of[system], secs_of[system] = [h[0] for h in hits], [h[1] for h in hits]
         tps = [r["summary"]["tokens_per_s"] for r in runs]
         stale = max(max(row["staleness_max"] for row in r["rows"]) for r in runs)
+        # the layouts libra's design exercised, from the rows: steps an idle instance helped train (elastic joins),
+        # steps trained on time-shared ranks that also generated the next step (hybrid: colocated with a lag)
+        elastic = [sum(1 for row in r["rows"] if row.get("train/elastic_helpers")) for r in runs]
+        hybrid = [sum(1 for row in r["rows"] if row["role_map"]["trainer"] + row["role_map"]["rollout"] > NPROC
+                      and row["staleness_max"] > 0) for r in runs]
         print(f"{system:<16} {mean_range_cell(steps_of[system], '.1f'):>22} {mean_range_cell(secs_of[system], '.1f'):>24} "
-              f"{mean_range_cell(tps, '.0f'):>14} {stale:>13}")
+              f"{mean_range_cell(tps, '.0f'):>14} {stale:>13} {mean_range_cell(elastic, '.1f'):>13} "
+              f"{mean_range_cell(hybrid, '.1f'):>12}")
     plot(results, args.target, out / "convergence.png", args.model)
     (out / "convergence.json").write_text(json.dumps(
         {"target": args.target, "steps": args.steps, "seeds": args.seeds, "run_args": [*RUN_ARGS, "--model", args.model, "--trainer.lr", str(lr)],

@@ -25,7 +25,8 @@ from __future__ import annotations
 from sim.config import SimConfig, default_sim
 from sim.workload import TAIL_SIGMA_P99_10X
 
-ABLATION_SYSTEMS = ["libra", "libra-no-design", "libra-no-planner", "libra-no-realloc", "libra-no-cmlfq", "libra-homogeneous", "oracle"]
+ABLATION_SYSTEMS = ["libra", "libra-no-design", "libra-no-planner", "libra-no-realloc", "libra-no-cmlfq", "libra-homogeneous",
+                    "libra-no-elastic", "oracle"]
 
 
 def paper_a800_48(bench: str = "swe", seed: int = 0) -> SimConfig:
