@@ -139,12 +139,19 @@ class DesignSpace:
             raise ValueError(f"DesignSpace: gamma={self.gamma} must be in (0, 1]; 1 prices staleness at nothing")
 
 
+def design_lag_cap(planner: PlannerConfig, max_staleness: int) -> int:
+    """The largest lag bound libra's design may take: `planner.max_lag` where set (a comparison gives libra the lag
+    range its tuned peers get), else the run's staleness bound, the user's."""
+    return planner.max_lag if planner.max_lag is not None else max_staleness
+
+
 def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: PlannerConfig, max_staleness: int,
                  group_size: int, gamma: float = MEASURED_LAG_GAMMA) -> DesignSpace:
-    """What libra's planner may choose among on this run: the configured staleness bound is the user's (the
-    planner may choose less lag, never more), `planner.design` the families it allows."""
+    """What libra's planner may choose among on this run: lag bounds up to `design_lag_cap` (the planner may
+    choose less lag, never more), `planner.design` the families it allows."""
+    cap = design_lag_cap(planner, max_staleness)
     return DesignSpace(world_size=world_size, buckets=buckets, allowed_tp=planner.allowed_tp, max_batch=planner.max_batch,
-                       gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= max_staleness),
+                       gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cap),
                        families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,))
 
 
@@ -189,13 +196,13 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         # finish-order: the split searched for the batch it waits for (`finish_order_sample`); L + 1 steps'
         # groups decode together (no barrier holds admission back), so each instance runs a larger batch,
         # at a better rate per sequence: the whole sample's throughput at that width, per step
-        part = search.best(finish_order_sample(wl, lag, space.group_size), Scales(), current=None)
-        rm = search.build(part, None)
         wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
+        part = search.best(finish_order_sample(wl, lag, space.group_size), Scales(), current=None, floor=(wide, lag + 1))
+        rm = search.build(part, None)
         thr_wide = search.throughput_s(rm, wide) / (lag + 1)
         # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
         yield "libra-partial", lag, rm, max(part.step_s, thr_wide), part.rollout_s + part.train_s + part.sync_s
-        choice = search.best(wl, Scales(), current=None)
+        choice = search.best(wl, Scales(), current=None, floor=(wl, 1))
         rm = search.build(choice, None)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
         yield "libra", lag, rm, max(choice.step_s, search.throughput_s(rm, wl)), choice.rollout_s + choice.train_s + choice.sync_s

@@ -137,8 +137,9 @@ class LayoutSearch(LayoutModel):
         return [(t, n, list(k)) for t, n, k in zip(time[keep].tolist(), devices[keep].tolist(), kept_ks)]
 
     def best(self, wl: Workload, scales: Scales, *, current: RoleMap | None,
-             rollout_range: tuple[int, int] | None = None) -> Choice:
-        """The best layout for `wl` (module docstring, 1-2) with lo <= rollout devices <= hi."""
+             rollout_range: tuple[int, int] | None = None, floor: tuple[Workload, int] | None = None) -> Choice:
+        """The best layout for `wl` (module docstring, 1-2) with lo <= rollout devices <= hi; with `floor`
+        (work, steps), no step is priced below the rollout's throughput for that work spread over those steps."""
         lo, hi = rollout_range or (1, self.world_size - 1)
         g = self.world_size
         self._tables, self._paths = {}, {}
@@ -167,7 +168,7 @@ class LayoutSearch(LayoutModel):
         cur_r = len(current.rollout_ranks) if current else -1
         fits = self.cm.host_fits if self.check_host else None  # looked up once: a 1,024-device search asks per size
         shared = self.cm.on_shared_cores if self.cm.shared_cores else None
-        best: tuple[tuple, Choice] | None = None  # (key, choice): least step time, then the current split, then fewer devices
+        ranked: list[tuple[tuple, Choice]] = []  # (key, choice): least step time, then the current split, then fewer devices
         for r, entry in enumerate(best_r):
             if entry is None or not lo <= r <= hi or g - r < self.min_train:
                 continue
@@ -179,18 +180,44 @@ class LayoutSearch(LayoutModel):
                 roll, train = shared(roll, train, num_rollout=r, num_trainer=g - r, overlap=self.lookahead > 0)
             roll, train, sync = roll * scales.rollout, train * scales.train, self.cm.sync_s(r, g - r)
             step = pipeline_step_s(roll, train, sync, self.lookahead)
-            key = (step, r != cur_r, r)
-            if best is None or key < best[0]:
-                best = (key, Choice(step, roll, train, sync, r, active, tps, list(ks)))
-        if best is None:
+            ranked.append(((step, r != cur_r, r), Choice(step, roll, train, sync, r, active, tps, list(ks))))
+        if not ranked:
             raise ValueError(
                 f"planner: no layout of {g} devices fits (rollout TP >= {self.min_tp}, trainer >= {self.min_train} "
                 f"devices, {lo}..{hi} rollout devices{', within the host memory' if self.check_host else ''}); add "
                 "devices (on a CPU: memory, or fewer ranks with --nproc) or set check_memory=False")
-        best = best[1]
-        best.ks = self._fill(wl, best)
+        ranked.sort(key=lambda kc: kc[0])
+        best = ranked[0][1] if floor is None else self._floored(wl, ranked, floor, scales)
+        if floor is None:
+            best.ks = self._fill(wl, best)
         self._tables, self._paths = {}, {}
         return best
+
+    def _floored(self, wl: Workload, ranked: list[tuple[tuple, Choice]], floor: tuple[Workload, int],
+                 scales: Scales) -> Choice:
+        """The first of `ranked` by max(its pipelined step, the rollout's throughput floor): `floor` = (the work that
+        must flow through the rollout, steps it spans). A pipeline one step ahead or more overlaps a batch's rollout
+        with others', so its step is at least the time the instances take for a step's work at full throughput
+        (`throughput_s`); the pipelined formula alone starves the rollout at lookahead >= 2 (it divides the rollout's
+        time by L + 1). The floor never lowers a step, so the scan stops at the first pipelined step above the best."""
+        work, steps = floor
+        best: tuple[tuple, Choice] | None = None
+        for key, c in ranked:
+            if best is not None and key[0] > best[0][0]:
+                break
+            c.ks = self._fill(wl, c)
+            counts = {a: {} for a in c.active}
+            for a, tp, k in zip(c.active, c.tps, c.ks):
+                counts[a][tp] = counts[a].get(tp, 0) + k
+            demands = self.demands(work, c.active)
+            thr = max(self._thr_s(d, counts[a]) for a, d in zip(c.active, demands) if d.n > 0 and counts[a])
+            if self.cm.shared_cores:
+                thr = self.cm.on_shared_cores(thr, math.inf, num_rollout=c.num_rollout,
+                                              num_trainer=self.world_size - c.num_rollout, overlap=self.lookahead > 0)[0]
+            step = max(c.step_s, thr * scales.rollout / steps)
+            if best is None or (step, *key[1:]) < best[0]:
+                best = ((step, *key[1:]), Choice(step, c.rollout_s, c.train_s, c.sync_s, c.num_rollout, c.active, c.tps, c.ks))
+        return best[1]
 
     def _fill(self, wl: Workload, c: Choice) -> list[int]:
         """Instances per active bucket for the chosen R: the frontier's k_a, then the leftovers."""

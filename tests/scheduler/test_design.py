@@ -8,6 +8,9 @@ import pytest
 
 from scheduler.costmodel import get_cost_model
 from scheduler.design import DesignSpace, cap_prior, finish_order_sample, rank_designs
+from scheduler.layout import VALID_TP
+from scheduler.layout_model import Scales
+from scheduler.layout_search import LayoutSearch
 from scheduler.layout import BucketsConfig
 from scheduler.layout_model import Workload
 
@@ -127,3 +130,33 @@ def test_where_the_caps_bound_the_lengths_the_first_design_is_the_one_measured_l
     measured = Workload(trajectory_tokens=tuple(range(21, 33)) * 2, num_trajectories=32, train_tokens=32 * 27)
     first, then = rank_designs(cm, space, prior, 40)[0], rank_designs(cm, space, measured, 39)[0]
     assert (first.system, first.lag, first.role_map.describe()) == (then.system, then.lag, then.role_map.describe())
+
+
+def test_the_planners_lag_cap_overrides_the_runs_staleness_bound_where_set():
+    from scheduler.design import design_space
+    from scheduler.planner import PlannerConfig
+
+    def bounds(planner, max_staleness):
+        return design_space(world_size=16, buckets=BUCKETS, planner=planner, max_staleness=max_staleness,
+                            group_size=8).lag_bounds
+
+    assert bounds(PlannerConfig(), 1) == (0, 1)  # the run's bound, the user's
+    assert bounds(PlannerConfig(max_lag=4), 1) == (0, 1, 2, 4)  # a comparison's range for libra's own choice
+    assert bounds(PlannerConfig(max_lag=0), 4) == (0,)
+    with pytest.raises(ValueError, match="max_lag=-1"):
+        PlannerConfig(max_lag=-1)
+
+
+def test_a_pipelined_split_is_never_priced_below_its_rollout_throughput():
+    """At lookahead L the pipelined formula spreads a batch's rollout over L + 1 steps; batches in flight share the
+    instances, so the step is at least their throughput time for one step's work. Searched without that floor,
+    a deep pipeline starves the rollout (more trainer devices, a step that the instances cannot sustain)."""
+    wl = _long_tail(seed=2)
+    for lag in (1, 2, 4):
+        search = LayoutSearch(A800_14B, 16, BUCKETS, allowed_tp=VALID_TP, max_batch=256, min_tp=1, min_train=1, lookahead=lag)
+        floored = search.best(wl, Scales(), current=None, floor=(wl, 1))
+        rm = search.build(floored, None)
+        assert floored.step_s >= search.throughput_s(rm, wl) * (1 - 1e-9)
+        plain = search.best(wl, Scales(), current=None)
+        priced_plain = max(plain.step_s, search.throughput_s(search.build(plain, None), wl))
+        assert floored.step_s <= priced_plain * (1 + 1e-9), (lag, floored.step_s, priced_plain)
