@@ -31,6 +31,7 @@ from engine.trainer.config import TrainerConfig
 from envs.config import EnvConfig
 from loggers import check_loggers
 from envs.registry import BENCHES
+from scheduler.design import design_lag_cap
 from scheduler.layout import BucketsConfig
 from scheduler.planner import PlannerConfig
 from scheduler.routers import RouterConfig, cpu_router_config
@@ -372,6 +373,8 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
     finish_order = spec is not None and (spec.batch_by_finish or spec.chooses_design
                                          and cfg.planner.design in ("auto", "libra-partial"))
     max_staleness = None if finish_order else cfg.step.max_staleness
+    if spec is not None and spec.chooses_design and not finish_order:  # the design's lag, which may exceed the run's bound
+        max_staleness = design_lag_cap(cfg.planner, cfg.step.max_staleness)
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens),
         planner=dataclasses.replace(cfg.planner, max_batch=cfg.rollout.max_batch))

@@ -15,7 +15,8 @@ trainer counts libra's planner moved through.
   report libra over each baseline's best (`l/X*`) beside libra over its default, with the
   configuration found; compare.json gains `tuned`: each peer's default, fastest and first-to-target
   runs with their configurations. This is the fair comparison; the defaults (TP1 everywhere) are
-  kept only to show what tuning is worth.
+  kept only to show what tuning is worth. Libra's planner then chooses its own lag bound from the range the
+  tuner tries for the continuous peers (`sim.baselines.STALENESS`: up to 4), not the preset's bound of 1.
   `l/best*` is libra over the fastest of all tuned baselines; `libra-partial/...` is libra with
   partial-rollout's finish-order batches (the tail no longer holds a step's batch); `hybrid*/best*`
   and `hybrid_tt/best*` are libra's time-shared hybrid layout (`libra-hybrid`, tuned over its TP as
@@ -36,6 +37,7 @@ target over libra's (>= 1: libra is first), the worst over the presets of its me
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -43,7 +45,7 @@ from pathlib import Path
 
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
 from scheduler import systems as sysmod
-from sim.baselines import TUNED, time_to_target, tune
+from sim.baselines import STALENESS, TUNED, time_to_target, tune
 from sim.run import compare, format_table, play_system, static_splits
 
 HYBRID = "libra-hybrid"  # libra's time-shared layout held fixed, tuned like the peers (libra's planner chooses among it and the rest)
@@ -130,6 +132,8 @@ def _runs(args) -> list[tuple[str, object]]:
             out += [(name, PRESETS[name](seed=seed)) for name in SCENARIOS]  # each with its own bench
         else:
             out.append((args.preset, get_preset(args.preset, args.bench, seed)))
+    if args.tune:  # libra's planner may choose its lag bound from the range the tuner gives the continuous peers
+        out = [(name, cfg.replace(planner=dataclasses.replace(cfg.planner, max_lag=max(STALENESS)))) for name, cfg in out]
     return out
 
 

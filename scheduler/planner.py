@@ -80,6 +80,7 @@ class PlannerConfig:
     min_history_trajectories: int = 128  # finished trajectories before the first re-plan (the length sample)
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
     design: str = "auto"  # libra's design (scheduler/design.py): auto = the planner's choice, or a family it moves to at its first length sample: libra (split), libra-partial (finish-order), colocate, libra-hybrid
+    max_lag: int | None = None  # the largest trained-lag bound libra's design may choose (scheduler/design.py LAG_BOUNDS); None: the run's --step.max-staleness
     first_design: str = "prior"  # libra before step 1: prior = its design ranked on the tasks' prompts at the generation caps | split = the launcher's split
     profile: str = "auto"  # auto: plan a CPU run on this machine's costs, measured once (~1 min) and cached | refresh | none: analytic tables | a bench.profile JSON
 
@@ -103,6 +104,9 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig: scale_ema={self.scale_ema} must be in (0, 1]")
         if self.design not in DESIGN_CHOICES:
             raise ValueError(f"PlannerConfig: design={self.design!r} is none of {DESIGN_CHOICES}; auto lets the planner choose")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"PlannerConfig: max_lag={self.max_lag} must be >= 0 (0: on-policy designs only), or None for "
+                             "the run's --step.max-staleness")
         if self.first_design not in FIRST_DESIGNS:
             raise ValueError(f"PlannerConfig: first_design={self.first_design!r} is none of {FIRST_DESIGNS}; prior chooses "
                              "libra's design before step 1, split starts on the launcher's split")
