@@ -381,8 +381,9 @@ class Worker:
         """An idle TP1 instance joins the step: the gradient of its share, with the weights it decodes with."""
         from engine.trainer.elastic import help_step
 
-        assert self.idx in train.helpers and self.engine is not None and self.engine.idle, \
-            f"worker {self.idx}: asked to help train step {train.step} but it is not an idle instance"
+        # the step core offered it with nothing in flight; a request that reached it since waits for the gradient
+        assert self.idx in train.helpers and self.engine is not None, \
+            f"worker {self.idx}: asked to help train step {train.step} but it hosts no rollout engine"
         t0 = time.perf_counter()
         trainers = self.groups.role_map.trainer_ranks
         help_step(self.engine.policy_model(train.policy_version), self.engine.policy_version, train.trajectories,
