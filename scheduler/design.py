@@ -15,12 +15,15 @@ Algorithm (`rank_designs`):
    on a length sample (measured, or the bench's prior before step 1):
    - split, step batches: the best split at lookahead L (`pipeline_step_s`), and at least the
      throughput of its buckets (batches in flight share the devices);
-   - split, finish-order: no barrier: with L + 1 steps' groups in flight a batch is about the
-     first 1/(L + 1) of them to complete, and a group completes with its slowest sample, so the
-     batch waits for lengths up to the quantile (1/(L + 1))^(1/n) (n the group size); the split
+   - split, finish-order: no barrier: L + 1 steps' groups are in flight, but the newest step's
+     started a step late and overtakes little, so a batch is about the first 1/L of the other
+     groups to complete, and a group completes with its slowest sample: the batch waits for
+     lengths up to the quantile (1/L)^(1/n) (n the group size; at L = 1 the whole tail); the split
      is searched for that capped sample (`finish_order_sample`), and the step is at least the
      whole sample's throughput with L + 1 steps decoding together (larger batches, a better rate
-     per sequence). (Priced on the step-batched layout with the whole sample, lag 1, 2 and 4
+     per sequence).
+   - every split is searched with its rollout's throughput as a floor (`LayoutSearch.best(floor=)`):
+     batches in flight share the instances, so no step is shorter than their time for a step's work. (Priced on the step-batched layout with the whole sample, lag 1, 2 and 4
      came out alike; simulated steps were 194, 140 and 109 s on 160 x 910B3 swe.)
    - colocated TP t, on-policy: rollout on all G ranks + training on all G + a local sync;
    - colocated TP t, time-shared: training + sync + the generation window, which must hold a
@@ -32,7 +35,8 @@ Algorithm (`rank_designs`):
    steps, whichever design), so once the pipeline is full the rate is gamma^L / step_s.
 3. The time to the run's worth of progress (S steps of an on-policy run): the first step fills
    the pipeline (its rollout, training and sync, nothing overlapped: a split's trainer waits for
-   its first batch on fewer devices, 72 s against colocate's 32 s on training_heavy), then
+   its first batch on fewer devices, 72 s against colocate's 32 s on training_heavy; and the
+   L + 1 steps admitted at the start share the rollout, `pipeline_fill_s`), then
    S / gamma^L - 1 steps: T = fill + (S / gamma^L - 1) x step_s. (Ranked by rate alone, a short
    run chose a split that reached the target 1.5x later than colocate at the same step time.)
 4. The ranking is by T, least first; ties go to the earlier candidate: less lag, and at the same
@@ -181,11 +185,19 @@ def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:
     the batch waits for trajectories up to the quantile (1/(L + 1))^(1/n) of the lengths (n the group
     size); longer ones carry on into later batches: capped there (their work still counts, in the
     throughput of the whole sample)."""
-    q = (1.0 / (lag + 1)) ** (1.0 / max(1, group_size))
+    q = (1.0 / max(1, lag)) ** (1.0 / max(1, group_size))
     lens = sorted(wl.trajectory_tokens)
     cap = lens[min(len(lens) - 1, int(q * len(lens)))]
     return dataclasses.replace(wl, trajectory_tokens=tuple(min(x, cap) for x in wl.trajectory_tokens),
                                signal_tokens=tuple(min(x, cap) for x in wl.signal_tokens))
+
+
+def pipeline_fill_s(choice, step_throughput_s: float, lag: int) -> float:
+    """A split's first step: at the start L + 1 steps are admitted at once and share the rollout, so the first batch
+    comes in after its own rollout's makespan or the instances' time for L + 1 steps' work, whichever is longer; then
+    it trains and syncs (nothing overlapped). Simulated 16-device swe, a finish-order split at lag 2 on one TP4
+    instance: its first step took 553 s, against 480 s priced without the shared start (3 x 196.5 s: 590 s)."""
+    return max(choice.rollout_s, (lag + 1) * step_throughput_s) + choice.train_s + choice.sync_s
 
 
 def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
@@ -201,11 +213,14 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         rm = search.build(part, None)
         thr_wide = search.throughput_s(rm, wide) / (lag + 1)
         # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
-        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), part.rollout_s + part.train_s + part.sync_s
+        capped = finish_order_sample(wl, lag, space.group_size)
+        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), \
+            pipeline_fill_s(part, search.throughput_s(rm, capped), lag)
         choice = search.best(wl, Scales(), current=None, floor=(wl, 1))
         rm = search.build(choice, None)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
-        yield "libra", lag, rm, max(choice.step_s, search.throughput_s(rm, wl)), choice.rollout_s + choice.train_s + choice.sync_s
+        yield "libra", lag, rm, max(choice.step_s, search.throughput_s(rm, wl)), \
+            pipeline_fill_s(choice, search.throughput_s(rm, wl), lag)
 
 
 def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):

@@ -71,10 +71,11 @@ def test_cheaper_staleness_never_ranks_a_laggier_design_lower():
 def test_a_finish_order_batch_waits_for_a_shorter_sample_the_more_lag_it_allows():
     wl = _long_tail()
     caps = [max(finish_order_sample(wl, lag, 8).trajectory_tokens) for lag in (1, 2, 4)]
-    assert caps[0] >= caps[1] >= caps[2] and caps[0] < max(wl.trajectory_tokens)
     lens = sorted(wl.trajectory_tokens)
-    assert caps[0] == lens[int(0.5 ** (1 / 8) * len(lens))]  # the median group's slowest sample: ~p92
-    assert max(finish_order_sample(wl, 1, 1).trajectory_tokens) == lens[len(lens) // 2]  # groups of one: the median
+    # at lag 1 the newest step's groups started a step late: they overtake nothing, the batch waits for the tail
+    assert caps[0] == lens[-1] and caps[0] > caps[1] >= caps[2]
+    assert caps[1] == lens[int(0.5 ** (1 / 8) * len(lens))]  # lag 2: the median group of two steps' slowest sample: ~p92
+    assert max(finish_order_sample(wl, 2, 1).trajectory_tokens) == lens[len(lens) // 2]  # groups of one: the median
 
 
 def test_the_pipeline_fill_counts_once_and_less_the_longer_the_run():
@@ -86,11 +87,13 @@ def test_the_pipeline_fill_counts_once_and_less_the_longer_the_run():
 
 
 def test_a_long_tail_pays_for_dropping_the_batch_barrier():
-    """The tail holds a step-batched split's batch; finish-order batches or a time-shared hybrid don't wait for it."""
-    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1)), _long_tail(seed=1), 20)
+    """The tail holds a step-batched split's batch; finish-order batches (once two steps' groups can overtake it)
+    or a time-shared hybrid don't wait for it. At lag 1 finish-order batches wait as step batches do."""
+    ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1, 2)), _long_tail(seed=1), 20)
     assert ranked[0].system in ("libra-partial", "libra-hybrid")
     by = {(d.system, d.lag): d for d in ranked}
-    assert by["libra-partial", 1].step_s < by["libra", 1].step_s
+    assert by["libra-partial", 2].step_s < by["libra", 2].step_s
+    assert by["libra-partial", 1].step_s <= by["libra", 1].step_s
 
 
 def test_without_a_tail_and_with_heavy_training_every_rank_should_do_both():
@@ -160,3 +163,15 @@ def test_a_pipelined_split_is_never_priced_below_its_rollout_throughput():
         plain = search.best(wl, Scales(), current=None)
         priced_plain = max(plain.step_s, search.throughput_s(search.build(plain, None), wl))
         assert floored.step_s <= priced_plain * (1 + 1e-9), (lag, floored.step_s, priced_plain)
+
+
+def test_a_deeper_pipeline_fills_slower_on_saturated_instances():
+    """At the start L + 1 steps are admitted at once and share the rollout: the first batch waits for at least
+    L + 1 steps' work at full throughput, so the fill grows with the lag where the instances are the bottleneck."""
+    from scheduler.design import pipeline_fill_s
+    from scheduler.layout_search import Choice
+
+    c = Choice(step_s=100.0, rollout_s=150.0, train_s=80.0, sync_s=2.0, num_rollout=4, active=(0,), tps=(4,))
+    assert pipeline_fill_s(c, 60.0, 1) == 150.0 + 82.0  # its own makespan is longer than 2 x 60
+    assert pipeline_fill_s(c, 60.0, 2) == 180.0 + 82.0
+    assert pipeline_fill_s(c, 60.0, 4) == 300.0 + 82.0
