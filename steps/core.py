@@ -278,7 +278,10 @@ class StepCore:
             ids.append(rid)
             payloads.append(fin.payload)
         tokens = sum(st.done[rid].num_tokens for rid in ids)
-        helpers = self._elastic_helpers(tokens) if ids else ()
+        group_of = {rid: g for g, members in st.groups.items() for rid in members}
+        # a batch without signal trains nothing (`has_signal`): no gradient for anyone to help with
+        signal = has_signal((group_of.get(rid, rid), st.done[rid].reward) for rid in ids)
+        helpers = self._elastic_helpers(tokens) if ids and signal else ()
         self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version, helpers=helpers)
         self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
         self._stepped = False

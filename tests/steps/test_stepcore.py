@@ -93,10 +93,10 @@ def _admit_groups(c, now, groups=2):
                                   prompt_tokens=10) for g in range(groups) for i in range(2)], now)
 
 
-def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None, reason=""):
+def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None, reason="", reward=1.0):
     c.on_finished(rid, Finished(num_tokens=tokens, num_model_tokens=tokens - 10, tool_latency_s=(0.5,),
                                 signal_tokens=tokens - 20 if signal is None else signal,
-                                first_version=version, reward=1.0, reward_reason=reason, infra_failed=infra,
+                                first_version=version, reward=reward, reward_reason=reason, infra_failed=infra,
                                 payload=rid), now)
 
 
@@ -485,16 +485,17 @@ class HelpPlanner(FakePlanner):
         return tuple(reversed(candidates))  # the core hands them out sorted, whatever order it gets
 
 
-def elastic_core(*, elastic=True, planner=None, role_map=None):
-    """Instance 0 (TP1) takes every admission, 1 is TP2, 2 (TP1, rank 4) is where a failing tool migrates to."""
+def elastic_core(*, elastic=True, planner=None, role_map=None, rewards=(1.0, 0.0)):
+    """Instance 0 (TP1) takes every admission, 1 is TP2, 2 (TP1, rank 4) is where a failing tool migrates to.
+    Step 0's group earns `rewards` (different by default: the batch has a signal to train)."""
     role_map = role_map or split_role_map(world_size=5, num_trainer=1, rollout_tp=(("short", 1), ("short", 2), ("long", 1)),
                                           buckets=BUCKETS)
     c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, elastic=elastic), FakeRouter(), planner, role_map)
     c.start(0.0)
     admit(c)
     admit(c)  # step 1 runs on instance 0 while step 0 trains
-    finish(c, "s0-0", 2.0)
-    finish(c, "s0-1", 2.0, tokens=60)
+    finish(c, "s0-0", 2.0, reward=rewards[0])
+    finish(c, "s0-1", 2.0, tokens=60, reward=rewards[1])
     return c
 
 
@@ -524,6 +525,8 @@ def test_without_elastic_or_a_planner_that_decides_no_instance_helps():
     assert "train/elastic_helpers" not in c.end_step(3.0, sync_s=0.1).row.to_dict()
     for planner in (None, FakePlanner()):  # none, or one that has no say on helpers
         assert elastic_core(planner=planner).take_batch(2.0).helpers == ()
+    planner = HelpPlanner()  # a batch whose group earned equal rewards trains nothing: no gradient to help with
+    assert elastic_core(planner=planner, rewards=(1.0, 1.0)).take_batch(2.0).helpers == () and planner.asked == []
 
 
 def test_colocated_ranks_train_already_and_a_layout_change_offers_no_helper():
