@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler.costmodel import CostModel
+from scheduler.layout import RoleMap
 
 MIN_GAIN_FRAC = 0.02  # a helper joins only if the update gets this much faster (the model's error is larger than that)
 
@@ -41,3 +42,22 @@ def elastic_helpers(cost: CostModel, num_tokens: int, num_trainer: int, candidat
         chosen.append(instance_id)
         current = with_it
     return tuple(chosen)
+
+
+def idle_tp1_instances(role_map: RoleMap, busy: set) -> tuple[int, ...]:
+    """The TP1 rollout instances of `role_map` on no trainer rank whose id is not in `busy`, sorted: the ones a
+    batch may borrow (a TP instance's model is sharded; an instance on a trainer rank trains already)."""
+    trainer = set(role_map.trainer_ranks)
+    return tuple(sorted(i.instance_id for i in role_map.instances
+                        if i.tp == 1 and i.ranks[0] not in trainer and i.instance_id not in busy))
+
+
+def planner_helpers(planner, num_tokens: int, role_map: RoleMap, candidates: tuple[int, ...]) -> tuple[int, ...]:
+    """The `candidates` a planner lets join a batch of `num_tokens` (its `elastic_helpers`), sorted; none without
+    candidates or a planner that decides it."""
+    choose = getattr(planner, "elastic_helpers", None)
+    if choose is None or not candidates:
+        return ()
+    chosen = tuple(sorted(choose(num_tokens, role_map, candidates)))
+    assert set(chosen) <= set(candidates), f"the planner chose helpers {chosen} outside the idle instances {candidates}"
+    return chosen

@@ -36,7 +36,7 @@ Algorithm:
    is applied by `end_step` itself (`set_design`): it takes effect from the next admission and
    the next batch; the caller only changes the layout.
 
-Invariants (tests/steps/test_stepcore.py): every started trajectory is trained exactly once or
+Invariants (tests/steps/test_stepcore.py, test_stepcore_elastic.py): every started trajectory is trained exactly once or
 dropped with a reason; steps are trained in order and a step never starts more than
 `lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness`; a finished
 trajectory counts even when its migration was under way; a layout change re-homes every
@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from runlog import LAG_KEY, PREDICTED_KEY, MetricsRow, idle_fractions
 from scheduler.api import OutcomeState, StepStats
+from scheduler.elastic import idle_tp1_instances, planner_helpers
 from scheduler.layout import RoleMap, keep_instance_ids
 from steps.commands import Add, Cancel, CoreConfig, Export, Finished, NewRequest, RunState, StepEnd, TrainBatch
 from steps.ledger import Ledger
@@ -288,28 +289,15 @@ class StepCore:
         return self._training
 
     def _elastic_helpers(self, num_tokens: int) -> tuple[int, ...]:
-        """The idle rollout instances that help train a batch of `num_tokens` (`CoreConfig.elastic`): the planner
-        chooses among those `idle_instances` offers; without a planner that can, none."""
-        choose = getattr(self.planner, "elastic_helpers", None)
-        if not self.cfg.elastic or choose is None:
-            return ()
-        candidates = self.idle_instances()
-        if not candidates:
-            return ()
-        chosen = tuple(sorted(choose(num_tokens, self.role_map, candidates)))
-        assert set(chosen) <= set(candidates), f"the planner chose helpers {chosen} outside the idle instances {candidates}"
-        return chosen
+        """The idle rollout instances that help train a batch of `num_tokens` (`CoreConfig.elastic`)."""
+        return planner_helpers(self.planner, num_tokens, self.role_map, self.idle_instances()) if self.cfg.elastic else ()
 
     def idle_instances(self) -> tuple[int, ...]:
-        """TP1 rollout instances, on no trainer rank, with no request of the core on them or moving to them, sorted;
-        none while a layout changes (its parked requests are about to land somewhere)."""
+        """`scheduler.elastic.idle_tp1_instances` of the core's requests; none while a layout changes (its parked
+        requests are about to land somewhere)."""
         if self.reconfiguring is not None or self.parked:
             return ()
-        busy = {r.instance_id for r in self.requests.values()} | {r.target for r in self.requests.values()
-                                                                    if r.target is not None}
-        trainer = set(self.role_map.trainer_ranks)
-        return tuple(sorted(i.instance_id for i in self.role_map.instances
-                            if i.tp == 1 and i.ranks[0] not in trainer and i.instance_id not in busy))
+        return idle_tp1_instances(self.role_map, busy={i for r in self.requests.values() for i in (r.instance_id, r.target)})
 
     def _finish_order_step(self, now: float) -> Step | None:
         """The batch of the first complete groups to finish, as a step of its own; None until enough are in."""

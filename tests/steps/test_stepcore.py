@@ -4,100 +4,9 @@ the ledger, stale drops, metrics rows and planner stats, migrations, drains for 
 import pytest
 
 from runlog import METRIC_FIELDS, PREDICTED_KEY, forecast_error
-from scheduler.api import Decision, OutcomeState, Route
-from scheduler.layout import Bucket, colocated_role_map, split_role_map
-from steps.commands import CoreConfig, Export, Finished, NewRequest, RunState
+from steps.commands import CoreConfig, Export, RunState
 from steps.core import StepCore, has_signal
-
-BUCKETS = (Bucket(name="short", max_tokens=100), Bucket(name="long", max_tokens=None))
-FAIL = OutcomeState("run_tests", "medium", "failure")
-
-
-def layout(version=0, rollout=(("short", 1), ("long", 1)), num_trainer=1):
-    return split_role_map(world_size=3, num_trainer=num_trainer, rollout_tp=rollout, buckets=BUCKETS, version=version)
-
-
-class FakeRouter:
-    """Admits to the first instance; a failing tool return moves the request to the last instance."""
-
-    def __init__(self):
-        self.where, self.finished, self.layouts = {}, [], []
-
-    def set_layout(self, role_map, now):
-        self.layouts.append(role_map.version)
-        ids = [i.instance_id for i in role_map.instances]
-        moved = {}
-        for rid, iid in self.where.items():
-            if iid not in ids:
-                self.where[rid] = ids[0]
-                moved[rid] = Route(ids[0], "short")
-        self.ids = ids
-        return moved
-
-    def tree_json(self):
-        return None  # learns nothing a checkpoint keeps
-
-    def admit(self, rid, prompt_id, prompt_tokens, now):
-        self.where[rid] = self.ids[0]
-        return Route(self.ids[0], "short")
-
-    def on_tool_return(self, rid, outcome, tokens, now):
-        if outcome.status == "failure":
-            self.where[rid] = self.ids[-1]
-            return Decision("migrate", self.ids[-1], "long", "fail")
-        return Decision("stay", self.where[rid], "short")
-
-    def on_decode(self, rid, tokens, now):
-        return Decision("stay", self.where[rid], "short")
-
-    def on_finish(self, rid, tokens, now):
-        self.finished.append(rid)
-        self.where.pop(rid)
-
-    def on_cancel(self, rid, now):
-        self.where.pop(rid)
-
-
-class FakePlanner:
-    def __init__(self, plan=None):
-        self.stats, self.plan = [], plan
-        self.forecast_step_s = None  # after step k it foresees 10 * k seconds for the next one
-
-    def on_step_end(self, stats, now):
-        self.stats.append(stats)
-        self.forecast_step_s = 10.0 * len(self.stats)
-        plan, self.plan = self.plan, None
-        return plan
-
-    def take_notes(self):
-        return [f"checked after step {len(self.stats)}"]
-
-
-def make_core(*, steps=3, lookahead=1, max_staleness=1, planner=None, state=None):
-    c = StepCore(CoreConfig(num_steps=steps, max_staleness=max_staleness, lookahead=lookahead), FakeRouter(), planner,
-                 layout(), state=state)
-    c.start(0.0)
-    return c
-
-
-def admit(c, now=0.0, n=2):
-    s = c.next_admissible()
-    return c.admit(s, [NewRequest(request_id=f"s{s}-{i}", group_id=f"s{s}", prompt_id=f"task{s}", prompt_tokens=10)
-                       for i in range(n)], now)
-
-
-def _admit_groups(c, now, groups=2):
-    """The next step as `groups` GRPO groups of two (finish-order batches take whole groups)."""
-    s = c.next_admissible()
-    return c.admit(s, [NewRequest(request_id=f"s{s}-g{g}-{i}", group_id=f"s{s}-g{g}", prompt_id=f"t{s}{g}",
-                                  prompt_tokens=10) for g in range(groups) for i in range(2)], now)
-
-
-def finish(c, rid, now, *, version=0, tokens=50, infra=False, signal=None, reason="", reward=1.0):
-    c.on_finished(rid, Finished(num_tokens=tokens, num_model_tokens=tokens - 10, tool_latency_s=(0.5,),
-                                signal_tokens=tokens - 20 if signal is None else signal,
-                                first_version=version, reward=reward, reward_reason=reason, infra_failed=infra,
-                                payload=rid), now)
+from stepcore_helpers import BUCKETS, FAIL, FakePlanner, FakeRouter, admit_groups, admit, finish, layout, make_core
 
 
 def test_admission_runs_at_most_lookahead_steps_ahead_of_the_trainer():
@@ -203,8 +112,8 @@ def test_finish_order_batches_take_the_first_complete_groups_from_any_step():
     c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), None, layout())
     c.start(0.0)
 
-    _admit_groups(c, 0.0)
-    _admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
     assert c.next_admissible() is None  # lookahead 1: two steps in flight at most
     for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):  # s0-g1 waits on its long member
         finish(c, rid, 1.0)
@@ -416,14 +325,14 @@ def test_step_batches_become_finish_order_ones_at_once():
     """libra's planner switched design: the complete groups of the steps in flight are the first ready."""
     c = make_core(steps=4, lookahead=1)
     for _ in range(2):
-        _admit_groups(c, 0.0)
+        admit_groups(c, 0.0)
     for rid in ("s0-g0-0", "s0-g0-1", "s0-g1-0", "s0-g1-1", "s1-g1-0", "s1-g1-1"):
         finish(c, rid, 1.0)
     _, row = _train(c, 2.0)  # step 0, a step batch
     assert row.step == 1 and row.trajectories == 4
     c.set_design(lookahead=2, max_staleness=2, batch_by_finish=True)
     assert c.next_admissible() == 2  # lookahead 2 now
-    _admit_groups(c, 3.0)
+    admit_groups(c, 3.0)
     for rid in ("s2-g0-0", "s2-g0-1"):
         finish(c, rid, 4.0)
     batch, row = _train(c, 5.0)  # s1-g1 (complete before the switch) and s2-g0, not s1-g0 still running
@@ -433,8 +342,8 @@ def test_step_batches_become_finish_order_ones_at_once():
 def test_finish_order_batches_drain_before_step_batches_start():
     c = StepCore(CoreConfig(num_steps=5, max_staleness=1, lookahead=1, batch_by_finish=True), FakeRouter(), None, layout())
     c.start(0.0)
-    _admit_groups(c, 0.0)
-    _admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
     for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1"):
         finish(c, rid, 1.0)
     _train(c, 2.0)  # s0-g0 + s1-g1: both admitted steps are partly trained
@@ -445,7 +354,7 @@ def test_finish_order_batches_drain_before_step_batches_start():
     batch, row = _train(c, 4.0)
     assert set(batch.request_ids) == {"s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"} and row.step == 2
     assert c.next_admissible() == 2 and not c.cfg.batch_by_finish  # drained: step batches, on-policy
-    _admit_groups(c, 5.0)
+    admit_groups(c, 5.0)
     assert c.next_admissible() is None  # lookahead 0
     for i in range(2):
         for g in range(2):
@@ -463,81 +372,10 @@ def test_a_plan_with_a_new_design_is_applied_by_the_core_at_the_step_end():
     plan = PlanDecision(role_map=layout(), predicted_step_s=1.0, current_step_s=2.0, reconfig_s=0.0,
                         lookahead=0, max_staleness=1, batch_by_finish=True)
     c = make_core(steps=3, lookahead=1, planner=FakePlanner(plan))
-    _admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
     for rid in ("s0-g0-0", "s0-g0-1", "s0-g1-0", "s0-g1-1"):
         finish(c, rid, 1.0)
     c.take_batch(2.0)
     c.on_trained(train_s=1.0)
     assert c.end_step(3.0, sync_s=0.0).plan is plan
     assert (c.cfg.lookahead, c.cfg.batch_by_finish) == (0, True)
-
-
-# ---- idle rollout instances help train (CoreConfig.elastic) -------------------------------------
-class HelpPlanner(FakePlanner):
-    """Lets every idle instance it is offered help; records what it was asked."""
-
-    def __init__(self):
-        super().__init__()
-        self.asked = []
-
-    def elastic_helpers(self, num_tokens, role_map, candidates):
-        self.asked.append((num_tokens, role_map.version, candidates))
-        return tuple(reversed(candidates))  # the core hands them out sorted, whatever order it gets
-
-
-def elastic_core(*, elastic=True, planner=None, role_map=None, rewards=(1.0, 0.0)):
-    """Instance 0 (TP1) takes every admission, 1 is TP2, 2 (TP1, rank 4) is where a failing tool migrates to.
-    Step 0's group earns `rewards` (different by default: the batch has a signal to train)."""
-    role_map = role_map or split_role_map(world_size=5, num_trainer=1, rollout_tp=(("short", 1), ("short", 2), ("long", 1)),
-                                          buckets=BUCKETS)
-    c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, elastic=elastic), FakeRouter(), planner, role_map)
-    c.start(0.0)
-    admit(c)
-    admit(c)  # step 1 runs on instance 0 while step 0 trains
-    finish(c, "s0-0", 2.0, reward=rewards[0])
-    finish(c, "s0-1", 2.0, tokens=60, reward=rewards[1])
-    return c
-
-
-def test_only_an_idle_tp1_instance_off_the_trainer_is_offered_and_the_row_counts_the_helpers():
-    planner = HelpPlanner()
-    c = elastic_core(planner=planner)
-    assert c.idle_instances() == (2,)  # 0 runs step 1, 1 is TP2
-    batch = c.take_batch(2.0)
-    assert batch.helpers == (2,) and planner.asked == [(110, 0, (2,))]  # the batch's tokens, the layout in force
-    c.on_trained(train_s=1.0)  # the core counts them itself: a real row and a simulated one alike
-    assert c.end_step(3.0, sync_s=0.1).row.to_dict()["train/elastic_helpers"] == 1
-
-
-def test_an_instance_a_request_is_moving_to_is_not_idle():
-    planner = HelpPlanner()
-    c = elastic_core(planner=planner)
-    assert c.on_tool_return("s1-0", FAIL, 30, 2.0) == Export("s1-0", 0)  # exported towards instance 2
-    assert c.idle_instances() == ()
-    assert c.take_batch(2.0).helpers == () and planner.asked == []  # nothing to offer: the planner is not asked
-
-
-def test_without_elastic_or_a_planner_that_decides_no_instance_helps():
-    planner = HelpPlanner()
-    c = elastic_core(elastic=False, planner=planner)
-    assert c.take_batch(2.0).helpers == () and planner.asked == []
-    c.on_trained(train_s=1.0)
-    assert "train/elastic_helpers" not in c.end_step(3.0, sync_s=0.1).row.to_dict()
-    for planner in (None, FakePlanner()):  # none, or one that has no say on helpers
-        assert elastic_core(planner=planner).take_batch(2.0).helpers == ()
-    planner = HelpPlanner()  # a batch whose group earned equal rewards trains nothing: no gradient to help with
-    assert elastic_core(planner=planner, rewards=(1.0, 1.0)).take_batch(2.0).helpers == () and planner.asked == []
-
-
-def test_colocated_ranks_train_already_and_a_layout_change_offers_no_helper():
-    colocated = colocated_role_map(world_size=3, tp=1)
-    planner = HelpPlanner()
-    c = StepCore(CoreConfig(num_steps=2, max_staleness=1, lookahead=0, elastic=True), FakeRouter(), planner, colocated)
-    c.start(0.0)
-    admit(c)
-    for rid in ("s0-0", "s0-1"):
-        finish(c, rid, 1.0)
-    assert c.idle_instances() == () and c.take_batch(1.0).helpers == ()  # every instance sits on a trainer rank
-    c = elastic_core(planner=planner)
-    c.begin_reconfigure(c.role_map)  # the same layout again: nothing moves, but the change is under way
-    assert c.idle_instances() == () and c.take_batch(2.0).helpers == () and planner.asked == []
