@@ -209,18 +209,17 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         # groups decode together (no barrier holds admission back), so each instance runs a larger batch,
         # at a better rate per sequence: the whole sample's throughput at that width, per step
         wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
-        part = search.best(finish_order_sample(wl, lag, space.group_size), Scales(), current=None, floor=(wide, lag + 1))
+        capped = finish_order_sample(wl, lag, space.group_size)
+        part = search.best(capped, Scales(), current=None, floor=(wide, lag + 1))
         rm = search.build(part, None)
         thr_wide = search.throughput_s(rm, wide) / (lag + 1)
         # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
-        capped = finish_order_sample(wl, lag, space.group_size)
-        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), \
-            pipeline_fill_s(part, search.throughput_s(rm, capped), lag)
+        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), pipeline_fill_s(part, search.throughput_s(rm, capped), lag)
         choice = search.best(wl, Scales(), current=None, floor=(wl, 1))
         rm = search.build(choice, None)
+        thr = search.throughput_s(rm, wl)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
-        yield "libra", lag, rm, max(choice.step_s, search.throughput_s(rm, wl)), \
-            pipeline_fill_s(choice, search.throughput_s(rm, wl), lag)
+        yield "libra", lag, rm, max(choice.step_s, thr), pipeline_fill_s(choice, thr, lag)
 
 
 def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
