@@ -408,7 +408,7 @@ class StepCore:
     def begin_reconfigure(self, proposed: RoleMap) -> tuple[RoleMap, list[Export]]:
         """Pause admission and export every request on an instance the new layout drops.
 
-        A request that cannot leave now (it waits on a tool) is exported at its next event."""
+        A request that cannot leave now (it is being scored) finishes where it is; the layout change waits for it."""
         new = keep_instance_ids(self.role_map, proposed).with_version(self.role_map.version + 1)
         kept = {inst.instance_id for inst in new.instances}
         self.leaving = {inst.instance_id for inst in self.role_map.instances} - kept

@@ -1,9 +1,12 @@
 """What several rollout tests share: a scripted episode, the token script that makes the tiny model call a
 tool on cue, and a driver that runs an engine to idle with cancels and migrations on the way."""
 
+import concurrent.futures as cf
 import time
 
+from engine.rollout.api import Phase
 from engine.rollout.engine import Finished, RolloutRequest, ToolReturned
+from engine.runtime.once import CallOnce
 from envs.base import Task, ToolCallError, ToolInfraError, ToolResult
 from envs.toolcalls import CALL_CLOSE, CALL_OPEN, format_tool_call
 
@@ -34,6 +37,19 @@ class FakeEpisode:
         self.closed = True
 
 
+class OnceEpisode(FakeEpisode):
+    """An episode shared by two engines, as the coordinator's are: a call re-issued under its key runs once."""
+
+    def __init__(self, latency_s=0.0):
+        super().__init__(latency_s)
+        self.once = CallOnce()
+
+    def execute_once(self, call, key):
+        out = cf.Future()
+        self.once.run("r", key, lambda: self.execute(call), out.set_result)
+        return out.result()
+
+
 def make_script(tok):
     call, bad = tok.encode(CALL, add_special_tokens=False), tok.encode(BAD_CALL, add_special_tokens=False)
     script = {40 + i: t for i, t in enumerate(call)}
@@ -46,8 +62,9 @@ def task_for(i):
     return Task(task_id=f"t{i}", bench="toy", messages=({"role": "user", "content": "go " * (i % 9)},), tools=())
 
 
-def run(engine, reqs, *, cancel=(), migrate_to=None, migrate=(), max_steps=3000):
-    """Drive `engine` to idle; cancels/exports the named requests after their first ToolReturned."""
+def run(engine, reqs, *, cancel=(), migrate_to=None, migrate=(), migrate_in_tool=(), max_steps=3000):
+    """Drive `engine` to idle; cancels/exports the named requests after their first ToolReturned, or (`migrate_in_tool`)
+    as soon as their first tool call runs."""
     for r in reqs:
         engine.add(r)
     done, seen = {}, []
@@ -66,6 +83,11 @@ def run(engine, reqs, *, cancel=(), migrate_to=None, migrate=(), max_steps=3000)
                     state = e.export(ev.request_id)
                     req = next(r for r in reqs if r.request_id == ev.request_id)
                     migrate_to.add(RolloutRequest(req.request_id, req.task, req.episode, req.prompt_ids, req.group_id, state=state))
+        for rid in [r for r in migrate_in_tool if r in engine.seqs and engine.seqs[r].phase is Phase.TOOL]:
+            state = engine.export(rid)
+            req = next(r for r in reqs if r.request_id == rid)
+            migrate_to.add(RolloutRequest(rid, req.task, req.episode, req.prompt_ids, req.group_id, state=state))
+            migrate_in_tool = set(migrate_in_tool) - {rid}
         time.sleep(0.0005)
     assert all(e.idle for e in engines)
     return done, seen

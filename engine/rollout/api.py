@@ -82,7 +82,10 @@ class MigrationState:
     turn_start: int  # index where the current model turn started
     num_turns: int  # model turns started so far (the current one included)
     instances: list[int] = field(default_factory=list)
-    pending_tool: str = "none"  # "none": resumes by decoding; tool results are already appended
+    # exported while its tools ran: the seconds they had run, and whether their response closes the model's turn
+    # (it did not end by eos); the target re-issues the turn's calls, each of which runs once (`execute_once`)
+    tool_call_s: float | None = None
+    close_turn: bool = True
 
 
 @dataclass

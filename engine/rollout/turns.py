@@ -17,6 +17,9 @@ vLLM `VllmRunner`), which owns the model, the KV and the sampling. One `step()`:
      that ends with a tool call parks its KV and its calls run on the thread pool; otherwise the
      request is scored on the pool and its KV dropped. `Phase` (engine/rollout/api.py) is where
      each request is: READY -> RUNNING -> (TOOL -> READY ...) -> SCORING.
+`export` takes a request in any phase but SCORING. One in a tool call leaves at once with its call: the
+target instance re-issues the turn's calls, and an episode that outlives instances runs each call once
+(`execute_once`), so a layout change never waits for a tool.
 
 Invariants (tests/engine/rollout/, through both backends): a malformed tool call becomes a failure
 result the model sees; every added request ends in exactly one of `Finished`, `export` or
@@ -108,21 +111,27 @@ class _Seq:
         self.st.versions.append(version)
 
 
-def _run_tools(episode, calls, timed_out: threading.Event, render):
-    """Run a turn's calls in order; stop once the engine gave up waiting (its episode may be closing).
-    Returns the (result, latency) pairs and the response's token ids (`render`; None when a result ends it).
+def _run_tools(episode, calls, timed_out: threading.Event, render, turn: int):
+    """Run a turn's calls in order; stop once the engine gave up waiting (its episode may be closing, or the
+    request left with its tool call). Returns the (result, latency) pairs and the response's token ids
+    (`render`; None when a result ends it).
+
+    An episode that outlives its instance (the runtime's: the coordinator holds the env's) offers
+    `execute_once(call, key)`: a call re-issued under the same (turn, index) key, by the instance a request
+    moved to during its tool call, gets the first run's result; the tool never runs twice.
 
     Only `ToolInfraError` leaves: any other exception of the env is the call's failure result,
     which the model sees (a plug-in env whose `execute` raises must not end the rank)."""
     from envs.base import ToolInfraError, failure
 
+    once = getattr(episode, "execute_once", None)
     results = []
-    for call in calls:
+    for i, call in enumerate(calls):
         if timed_out.is_set():
             break
         t0 = time.monotonic()
         try:
-            res = episode.execute(call)
+            res = once(call, (turn, i)) if once is not None else episode.execute(call)
         except ToolInfraError:
             raise
         except Exception as e:  # noqa: BLE001 - shown to the model, logged
@@ -170,12 +179,20 @@ class TurnEngine:
 
     # ---- API --------------------------------------------------------------------------------
     def add(self, req: RolloutRequest) -> None:
+        """A new request, or one exported elsewhere: it decodes on from its state, or its tool call carries on here."""
         assert self.runner.is_leader, "only the TP leader takes requests"
         assert req.request_id not in self.seqs, f"request {req.request_id} added twice"
         seq = _Seq(req, self.cfg.seed)
         seq.st.instances.append(self.instance_id)
         self.seqs[req.request_id] = seq
-        self.ready.append(req.request_id)
+        if seq.st.tool_call_s is None:
+            self.ready.append(req.request_id)
+            return
+        st = seq.st
+        seq.close_turn, elapsed_s, st.tool_call_s = st.close_turn, st.tool_call_s, None
+        start, end = st.turns[-1]
+        self._run_turn_tools(seq, self.tokenizer.decode(seq.ids[start:end], skip_special_tokens=False))
+        seq.started_s -= elapsed_s  # its tool timeout counts from the call, not from the move
 
     def cancel(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id)
@@ -186,11 +203,16 @@ class TurnEngine:
             self.pool.submit(seq.req.episode.close)
 
     def export(self, request_id: str) -> MigrationState:
+        """The request's state, for another instance. One in a tool call leaves at once: this engine stops waiting
+        for its tools (their results are the target's to collect, `_run_tools`). One being scored cannot leave."""
         seq = self.seqs[request_id]
-        if seq.phase in (Phase.TOOL, Phase.SCORING):
-            raise ValueError(f"request {request_id} is in phase {seq.phase.value!r}; export it after its ToolReturned event (phase ready or running)")
+        if seq.phase is Phase.SCORING:
+            raise ValueError(f"request {request_id} is being scored; it finishes on instance {self.instance_id}")
         del self.seqs[request_id]
         self._forget(seq)
+        if seq.phase is Phase.TOOL:
+            seq.timed_out.set()
+            seq.st.tool_call_s, seq.st.close_turn = time.monotonic() - seq.started_s, seq.close_turn
         return seq.st
 
     def set_weights(self, named_tensors: dict, policy_version: int) -> None:
@@ -412,12 +434,16 @@ class TurnEngine:
                 self._finish(seq, "max_turns")
                 return
             seq.close_turn = not by_eos
-            seq.phase = Phase.TOOL
-            seq.started_s = time.monotonic()
-            seq.timed_out = threading.Event()
-            seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out, self._render(seq))
+            self._run_turn_tools(seq, text)
             return
         self._finish(seq, "stop" if by_eos else "max_tokens")
+
+    def _run_turn_tools(self, seq: _Seq, text: str) -> None:
+        seq.phase = Phase.TOOL
+        seq.started_s = time.monotonic()
+        seq.timed_out = threading.Event()
+        seq.future = self.pool.submit(_run_tools, seq.req.episode, parse_tool_calls(text), seq.timed_out, self._render(seq),
+                                      seq.st.num_turns)
 
     def _finish(self, seq: _Seq, reason: str, *, score: bool = True) -> None:
         seq.finish_reason = reason

@@ -6,7 +6,7 @@ rank's roles), `protocol` and `control` (messages and the store mailbox), `group
 groups rebuilt per role map), `weights` (versioned trainer -> rollout sync), `checkpoint`,
 `view` (the live view), `preflight` (start-up checks), `profile` (measuring this machine's cost
 profile: `python -m engine.runtime.profile`), `profile_cache` (that profile, measured once and
-cached), `export`, `devcheck`, `forkserver_signals`.
+cached), `once` (an env call re-issued after a move runs once), `export`, `devcheck`, `forkserver_signals`.
 
 May import: engine, engine.rollout, engine.trainer, steps, envs, envs.sandbox, scheduler, runlog,
 loggers, config

@@ -4,7 +4,7 @@
                           │  migrate: Export ─▶ Exported ─▶ Add(state) on the target
                           │  env calls: EnvCall ◀──▶ EnvResult (episodes live here, tools in a thread pool)
                           └── step complete ─▶ Train ─▶ Trained ─▶ Sync to all ─▶ Synced
-                              ─▶ metrics row ─▶ planner ─▶ (drain, Save hand-off, ApplyRoleMap) ─▶ ...
+                              ─▶ metrics row ─▶ planner ─▶ (export, Save hand-off, ApplyRoleMap) ─▶ ...
 
 What a step *is* (admission with lookahead, the ledger, stale drops, the metrics row, the
 planner's stats, which requests must drain for a new layout) is `steps/core.py`, the
@@ -19,9 +19,10 @@ Algorithm:
      the `Exported` state is re-added where the core says (the target re-prefills).
   3. A complete step's batch goes to every trainer rank; after `Trained` the new weights go to
      every rollout rank, and the core closes the step (row, stats, planner).
-  4. A new role map: the core exports the requests of instances that go away; once drained, a
-     changed trainer group saves its state for the new one, every rank rebuilds its groups,
-     and the parked requests are re-added.
+  4. A new role map: the core exports the requests of instances that go away (one in a tool call at once:
+     the instance it moves to re-issues the call, which runs once, `engine/runtime/once.py`; one being
+     scored finishes first); once drained, a changed trainer group saves its state for the new one,
+     every rank rebuilds its groups, and the parked requests are re-added.
   5. A stop (SIGTERM/SIGHUP/SIGINT, forwarded by the launcher: `engine/runtime/launch.py`) ends the run at
      once (a training step first finishes) the way its end does: in-flight work cancelled, a
      checkpoint of the last trained step, the trace and the summary (`stopped_by`). The trace is also rewritten
@@ -49,6 +50,7 @@ from pathlib import Path
 from engine.runtime import checkpoint
 from engine.runtime import protocol as msg
 from engine.runtime.groups import GroupManager
+from engine.runtime.once import CallOnce
 from engine.runtime.launch import CHECKPOINT_KEY, FIRST_STEP_NEEDS_S, STOP_NEEDS_KEY, RankContext, stop_requested
 from engine.runtime.protocol import WORKER_OFFSET, to_global
 from engine.rollout.api import Finished, Progress, ToolReturned
@@ -105,6 +107,7 @@ class Coordinator:
         self.loggers = MetricLoggers(cfg.run.loggers, self.out, cfg.to_dict(), resume_step=self.resumed_from)
         self.view = StepView()
         self.episodes: dict[str, object] = {}
+        self.tool_calls = CallOnce()  # a request's tool call, re-issued by the instance it moved to, runs once
         self.env_start_s: dict[str, float] = {}  # request -> its episode's start time (the trace records it)
         self.exported: dict[str, object] = {}  # migration states waiting for their new instance
         self.replies: list = []
@@ -297,23 +300,35 @@ class Coordinator:
         self.pool.submit(self._env_call, src, call, episode)
 
     def _env_call(self, src: int, call: msg.EnvCall, episode) -> None:
+        def send(outcome: tuple[bool, object]) -> None:
+            self.mailbox.send(src, msg.EnvResult(call.call_id, *outcome))
+
+        if call.op is msg.EnvOp.EXECUTE and call.key is not None:  # re-issued by the instance it moved to: run once
+            self.tool_calls.run(call.request_id, call.key, lambda: self._env_outcome(call, episode), send)
+            return
+        outcome = self._env_outcome(call, episode)
+        if call.op is msg.EnvOp.CLOSE:
+            self.tool_calls.forget(call.request_id)
+        if outcome is not None:
+            send(outcome)
+
+    @staticmethod
+    def _env_outcome(call: msg.EnvCall, episode) -> tuple[bool, object] | None:
+        """The episode's answer as (ok, value); None after a close that went well (no reply)."""
         from envs.base import Reward, ToolInfraError, failure
 
         try:
             if call.op is msg.EnvOp.CLOSE:
                 episode.close()
-                return
-            value = episode.execute(call.arg) if call.op is msg.EnvOp.EXECUTE else episode.score(call.arg)
-            reply = msg.EnvResult(call.call_id, True, value)
+                return None
+            return True, episode.execute(call.arg) if call.op is msg.EnvOp.EXECUTE else episode.score(call.arg)
         except ToolInfraError as exc:
-            reply = msg.EnvResult(call.call_id, False, exc)
+            return False, exc
         except Exception as exc:  # noqa: BLE001 - the env raised on what the model made: a failure it sees, or a 0
             log.warning("[libra coordinator] env %s raised %s for %s: %s", call.op, type(exc).__name__, call.request_id,
                         str(exc)[:200], exc_info=True)
-            value = (failure(getattr(call.arg, "name", "<parse>"), f"the tool raised {type(exc).__name__}: {str(exc)[:300]}")
-                     if call.op is msg.EnvOp.EXECUTE else Reward(0.0, "score_error"))
-            reply = msg.EnvResult(call.call_id, True, value)
-        self.mailbox.send(src, reply)
+            return True, (failure(getattr(call.arg, "name", "<parse>"), f"the tool raised {type(exc).__name__}: {str(exc)[:300]}")
+                          if call.op is msg.EnvOp.EXECUTE else Reward(0.0, "score_error"))
 
     def _finished(self, rid: str, traj: Trajectory) -> None:
         self._progress_t = time.monotonic()
@@ -385,7 +400,7 @@ class Coordinator:
         old = self.role_map
         new, exports = self.core.begin_reconfigure(proposed)
         self._send_exports(exports)
-        while not self.core.drained():  # a request in a tool call is exported when its tool returns
+        while not self.core.drained():  # a request being scored finishes where it is
             self.pump()
         phases = {"drain_s": self.now() - t0}
         handoff = None

@@ -15,7 +15,7 @@ followers to do next, broadcast over the instance's group by engine/runtime/work
 
 Who replies what:
     Add            -> Events (ToolReturned / Progress / Finished) as the request runs
-    Export         -> Exported (its state) or ExportFailed (finished meanwhile, or in a tool call)
+    Export         -> Exported (its state) or ExportFailed (finished meanwhile, or being scored)
     Train          -> Trained from the first trainer rank (helpers send their gradients to the trainer ranks)
     Sync           -> Synced from each rollout instance's leader and the first trainer rank
     Save           -> Saved from the first trainer rank
@@ -170,6 +170,7 @@ class EnvCall:
     request_id: str
     op: EnvOp
     arg: Any
+    key: Any = None  # an execute's (turn, index): a repeat under the same key gets the first run's result, never a rerun
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", EnvOp(self.op))  # "execute" -> EnvOp.EXECUTE; ValueError for an unknown op

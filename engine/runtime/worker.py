@@ -19,7 +19,8 @@ weight sync (engine/runtime/groups.py `leader_engines`), and only take the colle
 Episodes (tool state, sandboxes, work dirs) live in the coordinator, so a trajectory can move to
 another instance without moving any files: the engine gets a `RemoteEpisode` whose `execute` and
 `score` are calls to the coordinator, answered through the mailbox (they block only the tool
-thread that made them, never the decode loop).
+thread that made them, never the decode loop). A request that moves during its tool call
+re-issues it on its new instance with `execute_once`: the coordinator runs it once.
 
 Role changes (`ApplyRoleMap`): every rank applies the map through `GroupManager` (same order
 everywhere). A trainer whose group changed rebuilds its FSDP trainer from the hand-off state the
@@ -68,12 +69,12 @@ class ToolLink:
         self._waiting: dict[int, cf.Future] = {}
         self._lock = threading.Lock()
 
-    def call(self, request_id: str, op: EnvOp, arg):
+    def call(self, request_id: str, op: EnvOp, arg, key=None):
         fut: cf.Future = cf.Future()
         with self._lock:
             call_id = next(self._ids)
             self._waiting[call_id] = fut
-        self.mailbox.send(COORDINATOR, msg.EnvCall(call_id, request_id, op, arg))
+        self.mailbox.send(COORDINATOR, msg.EnvCall(call_id, request_id, op, arg, key))
         try:
             ok, value = fut.result(timeout=self.timeout_s)
         except cf.TimeoutError:
@@ -108,6 +109,10 @@ class RemoteEpisode:
 
     def execute(self, call):
         return self.link.call(self.request_id, EnvOp.EXECUTE, call)
+
+    def execute_once(self, call, key):
+        """`execute`, run once per key: a request that moved during its tool call re-issues it and gets its result."""
+        return self.link.call(self.request_id, EnvOp.EXECUTE, call, key)
 
     def score(self, final_text: str) -> float:
         return self.link.call(self.request_id, EnvOp.SCORE, final_text)
@@ -337,7 +342,7 @@ class Worker:
     def _export(self, rid: str) -> None:
         try:
             state = self.engine.export(rid)
-        except (KeyError, ValueError) as exc:  # finished meanwhile, or waiting on a tool
+        except (KeyError, ValueError) as exc:  # finished meanwhile, or being scored
             self.mailbox.send(COORDINATOR, msg.ExportFailed(rid, str(exc)))
             return
         self.mailbox.send(COORDINATOR, msg.Exported(rid, state))

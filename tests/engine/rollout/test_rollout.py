@@ -10,7 +10,7 @@ from engine.models import build_tiny, render_prompt
 from engine.trainer.algos import token_logprobs
 from engine.rollout.engine import Progress, RolloutConfig, RolloutEngine, RolloutRequest, ToolReturned
 from envs.base import ToolResult
-from rollout_helpers import CALL, FakeEpisode, make_script, run, task_for
+from rollout_helpers import CALL, FakeEpisode, OnceEpisode, make_script, run, task_for
 from scripted_model import Scripted
 
 torch.set_num_threads(1)
@@ -71,6 +71,33 @@ def test_batched_with_pauses_joins_cancel_migration_equals_alone(tiny):
         assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask and traj.turns == ref.turns
         assert max(abs(a - b) for a, b in zip(traj.logprobs, ref.logprobs)) < 1e-5
     assert done["r5"].instances == [0, 0] and done["r0"].instances == [0]
+
+
+def test_a_request_moved_during_its_tool_call_runs_the_tool_once_and_decodes_the_same(tiny):
+    # A layout change exports a request in a tool call at once; the new instance re-issues the call (keyed).
+    model, tok = tiny
+    scripted = Scripted(model, make_script(tok))
+
+    def reqs():
+        return [RolloutRequest(f"r{i}", task_for(i), OnceEpisode(0.05), render_prompt(tok, task_for(i).messages, ()), "g")
+                for i in range(4)]
+
+    alone = {}
+    for r in reqs():
+        alone.update(run(engine_for(scripted, tok, max_batch=1), [r])[0])
+    moved = reqs()
+    target = engine_for(scripted, tok)
+    done, seen = run(engine_for(scripted, tok, max_batch=4), moved, migrate_to=target, migrate_in_tool={"r1", "r2"})
+    assert set(done) == set(alone)
+    for rid, traj in done.items():
+        ref = alone[rid]
+        assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask and traj.turns == ref.turns
+        assert traj.tool_outcomes == ref.tool_outcomes
+        assert traj.reward == ref.reward == 2.0  # each of its two calls ran once (the score counts executions)
+    assert done["r1"].instances == [0, 0] and done["r0"].instances == [0]
+    assert len(moved[1].episode.calls) == 2
+    # its tool result is reported once, by the instance it moved to
+    assert sum(isinstance(e, ToolReturned) and e.request_id == "r1" for e in seen) == 2
 
 
 @pytest.mark.parametrize("temperature, top_p", [(0.7, 0.5), (1.0, 0.3), (1.3, 1.0)])

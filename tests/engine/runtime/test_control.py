@@ -30,6 +30,7 @@ ONE_OF_EACH = [
     msg.Events(1, [ToolReturned("r", OutcomeState("bash", "small", "success"), 12), Progress("r", 20), Finished("r", TRAJ)]),
     msg.Exported("r", STATE), msg.ExportFailed("r", "waiting on a tool"),
     msg.EnvCall(3, "r", "execute", ToolCall(name="bash", arguments={"cmd": "ls"})), msg.EnvCall(-1, "r", "close", None),
+    msg.EnvCall(4, "r", "execute", ToolCall(name="bash", arguments={"cmd": "ls"}), (3, 1)),
     msg.Trained(0, {"train/loss": 0.25}), msg.Synced(1, 4, 0.01), msg.Saved("/tmp/x"),
     msg.LogLine("12:00:00 [rank 2] [libra trainer:0] 2 trajectory(ies) cut"),
 ]

@@ -151,6 +151,42 @@ def test_a_late_call_for_a_closed_episode_is_answered_not_asserted(tmp_path):
     coord.pool.shutdown()
 
 
+class Counting:
+    def __init__(self):
+        self.calls = 0
+
+    def execute(self, call):
+        self.calls += 1
+        time.sleep(0.2)
+        return f"run {self.calls}"
+
+    def close(self):
+        pass
+
+
+def test_a_tool_call_re_issued_by_the_instance_a_request_moved_to_runs_once(tmp_path):
+    """A layout change exports a request in a tool call at once; its new instance re-issues the call under the
+    same key and gets the first run's result (engine/runtime/once.py); the episode's close forgets the keys."""
+    coord, workers = make(tmp_path)
+    coord.admit()
+    for box in workers.values():
+        drain(box)
+    coord.episodes["s0-p0-n0"] = episode = Counting()
+    call = ToolCall(name="echo", arguments={"text": "hi"})
+    coord._dispatch(msg.to_global(1), msg.EnvCall(3, "s0-p0-n0", "execute", call, (2, 0)))
+    coord._dispatch(msg.to_global(2), msg.EnvCall(0, "s0-p0-n0", "execute", call, (2, 0)))  # the same call, moved
+    old, new = _replies(workers[1], 1), _replies(workers[2], 1)
+    coord._dispatch(msg.to_global(2), msg.EnvCall(1, "s0-p0-n0", "execute", call, (2, 1)))  # the turn's next call
+    new.update(_replies(workers[2], 1))
+    assert old[3].value == new[0].value == "run 1" and new[1].value == "run 2" and episode.calls == 2
+    coord._dispatch(msg.to_global(2), msg.EnvCall(-1, "s0-p0-n0", "close", None))
+    deadline = time.monotonic() + 10
+    while len(coord.tool_calls) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(coord.tool_calls) == 0
+    coord.pool.shutdown()
+
+
 # (model's boxed answer, gold, reward): what an RL run on math is trained on, graded on the coordinator's pool
 MATH_EQUIVALENCE = [
     ("96.0", "96", 1.0), ("x = 96", "96", 1.0), ("96 \\text{ apples}", "96", 1.0), ("\\$96", "96", 1.0),
