@@ -134,7 +134,7 @@ class DesignPlanner:
                           f"({self._design_step_s:.1f} s a step predicted)")
                 return None
         switch = switch_of(stats.role_map or self.design.role_map, best.role_map)
-        cost = switch_cost_s(self.cm, switch, self._history, self.space.world_size)
+        cost = switch_cost_s(self.cm, switch, self.space.world_size)
         # the design in force is none the planner may keep (`--planner.design` names another): it moves
         stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
         move = best.time_for(steps) + cost  # a switch refills the pipeline

@@ -22,9 +22,8 @@ Algorithm, per `on_step_end(stats, now)`:
    cost. Those steps are the ones admitted after the switch: the run's remaining steps less the
    `lookahead` already admitted, whose rollout ran on the old layout (so with one step left and a
    pipeline one step ahead, no move pays). The cost: the cost model's (a profile's: hand-off save,
-   rebuild, new trainers loaded, one sync) plus the drain, up to the longest tool call seen (a
-   request in a tool call leaves its instance when the tool returns), or the dearest change this
-   run has measured (`StepStats.reconfig_s`), whichever is more.
+   rebuild, new trainers loaded, one sync), or the dearest change this run has measured
+   (`StepStats.reconfig_s`), whichever is more. No tool drain: a request in a tool call moves at once.
 5. A cost model that cannot price moving ranks between training and rollout (`prices_split`
    False: the analytic tables on a CPU run, whose ranks share cores) keeps the split; the
    planner says so once and still re-plans the buckets.
@@ -115,15 +114,16 @@ class PlannerConfig:
                              f"pass auto, or write one with `python -m bench.profile --model M --out {self.profile}`")
 
 
-def switch_cost_s(cm: CostModel, switch: Switch, history: list[StepStats], world_size: int) -> float:
-    """What a switch is expected to cost: the model's figure for its kind, plus the drain when an engine
-    goes (its requests in tool calls leave when the tool returns: up to the longest tool call in
-    `history`); nothing when no rank moves."""
+def switch_cost_s(cm: CostModel, switch: Switch, world_size: int) -> float:
+    """What a switch is expected to cost: the model's figure for its kind; nothing when no rank moves.
+
+    No drain: a request in a tool call leaves its instance at once and its new instance re-issues the call
+    (engine/runtime/once.py runs it once), so a switch never waits for a tool. One being scored finishes
+    first; what that costs shows in the measured `StepStats.reconfig_s`, which the planner charges too."""
     if not switch.moved:
         return 0.0
-    drain_s = max((x for s in history for x in s.tool_latency_s), default=0.0) if switch.engines_gone else 0.0
     # every rank keeps running through a switch (rollout decodes on): on shared cores it is slower
-    return cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=world_size) + drain_s
+    return cm.reconfig_s(switch.moved, switch.trainer_moved, busy_ranks=world_size)
 
 
 class GlobalPlanner:
@@ -295,7 +295,7 @@ class GlobalPlanner:
         """`switch_cost_s`, at least what a change of that kind cost here."""
         if not switch.moved:
             return 0.0
-        return max(switch_cost_s(self.cm, switch, self._history, self.world_size),
+        return max(switch_cost_s(self.cm, switch, self.world_size),
                    self.measured_reconfig_s[switch.trainer_moved])
 
     def _calibrate(self, stats: StepStats) -> None:

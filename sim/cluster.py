@@ -18,8 +18,8 @@ Algorithm:
    idle instances the core names as helpers, `elastic_train_s`: each helper is stalled, busy,
    until the update ends, and requests routed to it meanwhile wait); then
    weights sync to the rollout (`sync_s`, instances pause) and the core ends the step (row,
-   stats, planner). A new role map is applied at once: the switch waits for the tool calls of
-   the requests it moves, the trainer then waits `reconfig_s` (the hand-off) while the engines
+   stats, planner). A new role map is applied at once: the switch waits for the scorings of the
+   requests it moves (one in a tool call moves with it), the trainer then waits `reconfig_s` (the hand-off) while the engines
    pause only for the rebuild and the sync, and the requests of instances that go away (or
    change bucket engine) re-prefill where the core re-homes them.
 4. On a CPU profile (`shared_cores`), ranks, tool calls and scorings share the cores: while more
@@ -206,7 +206,8 @@ class ClusterSim:
         if req.turn == len(spec.turn_tokens) - 1:
             if spec.score_s > 0:  # the final scoring runs on the rank's thread pool, beside decoding
                 self.tools_in_flight += 1
-                self._push(self.now + spec.score_s, _SCORED, req)
+                req.score_until = self.now + spec.score_s
+                self._push(req.score_until, _SCORED, req)
             else:
                 self._finish(req)
             return
@@ -356,9 +357,10 @@ class ClusterSim:
     def _apply_layout(self, proposed: RoleMap) -> None:
         old = self.role_map
         new, exports = self.core.begin_reconfigure(proposed)
-        # The runtime exports a request in a tool call when its tool returns, and only then
+        # The runtime exports a request in a tool call at once (its new instance re-issues the call, which runs
+        # once: it re-prefills when the tool returns) and one being scored when it finishes, and only then
         # switches: the other instances decode meanwhile, the trainer waits for the switch.
-        drain = max((self.reqs[e.request_id].tool_until - self.now for e in exports), default=0.0)
+        drain = max((self.reqs[e.request_id].score_until - self.now for e in exports), default=0.0)
         for e in exports:
             self.core.on_exported(e.request_id, self.now)
         assert self.core.drained()

@@ -25,7 +25,7 @@ class SimRequest:
     __slots__ = (
         "spec", "batch", "turn", "left", "context", "instance_id", "version", "join_iter", "target_iter",
         "need_prefill", "admitted_at", "finished_at", "num_migrations", "instances", "gen", "decode_done", "tool_until",
-        "group_id",
+        "group_id", "score_until",
     )
 
     def __init__(self, spec, batch: int, version: int, now: float, group_id: str):
@@ -47,6 +47,7 @@ class SimRequest:
         self.gen = 0  # bumped whenever it leaves a batch; stale heap entries are skipped
         self.decode_done = 0
         self.tool_until = 0.0  # when its current (or last) tool call returns
+        self.score_until = 0.0  # when its final scoring ends (0: not scored yet)
 
 
 class SimInstance:

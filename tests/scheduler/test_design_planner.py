@@ -76,12 +76,15 @@ def test_a_switch_that_cannot_pay_in_the_steps_left_is_refused():
     assert planner.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0), 1000.0) is None
     assert planner.checks == 1 and same_design(planner.design, worst)
     assert planner.take_notes()[0] == f"kept the design {worst.label}: no step is left for another to pay back in"
-    slow_tools = _planner(worst)  # a switch waits for the longest tool call in flight: a day's drain
-    slow_tools.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0, tool_s=86400.0), 500.0)
-    assert slow_tools.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=86400.0), 1000.0) is None
-    assert slow_tools.checks == 1 and same_design(slow_tools.design, worst)
-    assert re.fullmatch(rf"kept the design {re.escape(worst.label)}: .* would take \d+\.\d s for the progress of the 18 "
-                        r"step\(s\) left \(the switch's \d+\.\d s included\), against \d+\.\d s", slow_tools.take_notes()[0])
+    # a switch is charged the hand-off, not the longest tool call seen: a request in a tool call moves at once
+    # (engine/runtime/once.py). Day-long tools make every other design slower, not the switch dearer
+    switch_s = []
+    for tool_s in (1.0, 86400.0):
+        p = _planner(worst)
+        p.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0, tool_s=tool_s), 500.0)
+        p.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=tool_s), 1000.0)
+        switch_s += re.findall(r"the switch's (\d+\.\d) s", p.take_notes()[0])
+    assert len(switch_s) == 2 and switch_s[0] == switch_s[1], switch_s
 
 
 def test_the_best_design_stays():

@@ -88,10 +88,10 @@ class FakeRouter:
         raise AssertionError("the simulator never cancels")
 
 
-def _spec(rid="a", turns=(10, 20), out=(5,), latency=(1.0,), prompt=100):
+def _spec(rid="a", turns=(10, 20), out=(5,), latency=(1.0,), prompt=100, score_s=0.0):
     outcomes = tuple(OutcomeState("bash", "small", "success") for _ in out)
     return TrajSpec(request_id=rid, prompt_id="p0", prompt_tokens=prompt, turn_tokens=turns, tool_outcomes=outcomes,
-                    tool_output_tokens=out, tool_latency_s=latency)
+                    tool_output_tokens=out, tool_latency_s=latency, score_s=score_s)
 
 
 def _sim(specs, *, router=None, steps=1, lookahead=1, limit=None, max_staleness=1):
@@ -224,19 +224,33 @@ class OnePlan:
         return []
 
 
-def test_a_switch_waits_for_the_tool_calls_of_the_requests_it_moves():
-    # As in the runtime, a request in a tool call leaves its instance when the tool returns: the
-    # switch at the end of step 2 waits for step 3's request, 10 s into a 10 s tool call minus its start.
+def _switch_at_step_2(spec):
     buckets = (Bucket(name="short", max_tokens=10**9), Bucket(name="long", max_tokens=None))
     cfg = SimConfig(num_devices=3, steps=3, prompts_per_step=1, samples_per_prompt=1)
     rm = split_role_map(world_size=3, num_trainer=1, rollout_tp=(("short", 1), ("long", 1)), buckets=buckets)
     new = split_role_map(world_size=3, num_trainer=2, rollout_tp=(("long", 1),), buckets=buckets, version=1)
-    sim = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([_spec(latency=(10.0,))]), router=LeastLoadRouter(),
-                     planner=OnePlan(new, at=2), role_map=rm, lookahead=1, ctx_quantum=1)
-    rows = sim.run()
-    step2_end, step3_started = rows[1]["time_s"], rows[0]["time_s"]  # step 3 is admitted when step 1 ends
-    in_tool_until = step3_started + 0.1 + 0.1 + 10.0  # prefill 100 tokens, 10 decode iterations, the tool
-    assert rows[2]["reconfig_s"] == pytest.approx(in_tool_until - step2_end + 3.0)
+    sim = ClusterSim(cfg=cfg, cost=FakeCost(), workload=FakeWorkload([spec]), router=LeastLoadRouter(),
+                     planner=OnePlan(new, at=2), role_map=rm, lookahead=1, ctx_quantum=1, record=True)
+    return sim, sim.run()
+
+
+def test_a_switch_does_not_wait_for_the_tool_calls_of_the_requests_it_moves():
+    # As in the runtime, a request in a tool call moves at once (its new instance re-issues the call, which
+    # runs once): the switch at the end of step 2 costs the hand-off alone, and step 3's request, 10 s into a
+    # 10 s tool call, re-prefills its whole context on the instance it moved to when the tool returns.
+    sim, rows = _switch_at_step_2(_spec(latency=(10.0,)))
+    assert rows[2]["reconfig_s"] == pytest.approx(3.0)
+    step3_started = rows[0]["time_s"]  # step 3 is admitted when step 1 ends
+    # prefill 100, 10 iterations, the tool; then the whole context (115) re-prefilled and 20 iterations
+    assert rows[2]["trajectories"] == 1 and rows[2]["time_s"] > step3_started + 0.2 + 10.0 + 0.115 + 0.2
+
+
+def test_a_switch_waits_for_the_scorings_of_the_requests_it_moves():
+    # A request being scored cannot leave: the switch waits for step 3's scoring (10 s after its only turn).
+    _, rows = _switch_at_step_2(_spec(turns=(10,), out=(), latency=(), score_s=10.0))
+    step2_end, step3_started = rows[1]["time_s"], rows[0]["time_s"]
+    scored_at = step3_started + 0.1 + 0.1 + 10.0  # prefill 100 tokens, 10 decode iterations, the scoring
+    assert rows[2]["reconfig_s"] == pytest.approx(scored_at - step2_end + 3.0)
 
 
 class OneCoreCost(FakeCost):
