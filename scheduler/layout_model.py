@@ -170,11 +170,14 @@ class LayoutModel:
             raise ValueError(f"LayoutSearch: lookahead={lookahead} must be >= 0 (0: synchronous)")
         self.cm, self.buckets, self.lookahead = MemoizedCost(cm), buckets, lookahead
         self.max_batch = max_batch  # sequences per instance, any TP
-        self._sorted_for: Workload | None = None  # the workload whose sorted lengths are cached
+        self._sorted_for: Workload | None = None  # the workload whose sorted lengths are in use
         self._sorted: tuple[list[int], list[int], list[tuple[int, int]]] = ([], [], [])
         self._ppt: dict[int, float] = {}  # TP -> `_prefill_per_token_s`
         self._pieces_memo: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}  # `_candidate_pieces`
         self._piece_memo: dict[tuple[int, int, int], float] = {}  # `_piece_s`
+        # id(workload) -> (workload, its sorted sample, its pieces memo, its piece memo) of the last few seen:
+        # a floored search alternates between two workloads, which re-sorted both samples at every turn
+        self._samples: dict[int, tuple] = {}
 
     # ---- model -------------------------------------------------------------------------------
     def demands(self, wl: Workload, active: tuple[int, ...]) -> list[Demand]:
@@ -325,12 +328,15 @@ class LayoutModel:
     def _sorted_sample(self, wl: Workload) -> tuple[list[int], list[int], list[tuple[int, int]]]:
         """Sorted lengths, their prefix sums, and (total, signal) of the `CRITICAL_CANDIDATES` longest when signals are known."""
         if self._sorted_for is not wl:  # sort once per workload; each call is then O(buckets log n)
-            lens = sorted(wl.trajectory_tokens)
-            # the longest (total, signal) pairs, longest first: sorted(..., reverse=True)[:CRITICAL_CANDIDATES]
-            pairs = heapq.nlargest(CRITICAL_CANDIDATES, zip(wl.trajectory_tokens, wl.signal_tokens)) if wl.signal_tokens else []
-            self._sorted_for = wl
-            self._sorted = (lens, [0, *itertools.accumulate(lens)], pairs)
-            self._pieces_memo, self._piece_memo = {}, {}
+            entry = self._samples.get(id(wl))
+            if entry is None or entry[0] is not wl:
+                lens = sorted(wl.trajectory_tokens)
+                # the longest (total, signal) pairs, longest first: sorted(..., reverse=True)[:CRITICAL_CANDIDATES]
+                pairs = heapq.nlargest(CRITICAL_CANDIDATES, zip(wl.trajectory_tokens, wl.signal_tokens)) if wl.signal_tokens else []
+                if len(self._samples) >= 4:  # a few workloads at a time: memory stays bounded
+                    self._samples.clear()
+                entry = self._samples[id(wl)] = (wl, (lens, [0, *itertools.accumulate(lens)], pairs), {}, {})
+            self._sorted_for, self._sorted, self._pieces_memo, self._piece_memo = entry
         return self._sorted
 
     def demands_on(self, wl: Workload, active: tuple[int, ...], tps: tuple[int, ...]) -> list[Demand]:

@@ -187,6 +187,31 @@ def test_a_tool_call_re_issued_by_the_instance_a_request_moved_to_runs_once(tmp_
     coord.pool.shutdown()
 
 
+def test_a_workers_remote_episode_sends_its_key_and_both_instances_get_one_run(tmp_path):
+    """The worker's side: `RemoteEpisode.execute_once` on the instance a request left and on the one it moved to."""
+    import concurrent.futures as cf
+
+    from engine.runtime.worker import RemoteEpisode, ToolLink
+
+    coord, workers = make(tmp_path)
+    coord.admit()
+    for box in workers.values():
+        drain(box)
+    coord.episodes["s0-p0-n0"] = episode = Counting()
+    links = {w: ToolLink(workers[w], timeout_s=20) for w in (1, 2)}
+    call = ToolCall(name="echo", arguments={})
+    with cf.ThreadPoolExecutor(2) as pool:
+        results = [pool.submit(RemoteEpisode(links[w], "s0-p0-n0").execute_once, call, (1, 0)) for w in (1, 2)]
+        deadline = time.monotonic() + 20
+        while not all(r.done() for r in results) and time.monotonic() < deadline:
+            coord.pump()
+            for w, link in links.items():
+                for _, m in workers[w].poll():
+                    link.resolve(m.call_id, m.ok, m.value)
+    assert [r.result() for r in results] == ["run 1", "run 1"] and episode.calls == 1
+    coord.pool.shutdown()
+
+
 # (model's boxed answer, gold, reward): what an RL run on math is trained on, graded on the coordinator's pool
 MATH_EQUIVALENCE = [
     ("96.0", "96", 1.0), ("x = 96", "96", 1.0), ("96 \\text{ apples}", "96", 1.0), ("\\$96", "96", 1.0),
