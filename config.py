@@ -365,15 +365,13 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
         demo_turns = 1 if cfg.run.model == "smollm2" and not cfg.run.data and not cfg.run.env else 0
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, demo_turns=demo_turns))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy: plain log-softmax
-    # finish-order systems (AReaL-style) bound staleness at admission; a long group that spans more
+    # finish-order peers (AReaL-style) bound staleness at admission; a long group that spans more
     # updates is trained under the off-policy objective (decoupled by default: its behaviour weight,
-    # capped), as AReaL trains it, so the trainer checks no bound; nor where libra's planner may move
-    # to finish-order batches (scheduler/design_planner.py: the step core still drops stale step batches)
+    # capped), as AReaL trains it, so the trainer checks no bound. Libra's designs bound the trained lag,
+    # finish-order ones included (steps/finish_order.py), at the design cap, which may exceed the run's bound
     spec = SYSTEMS.get(cfg.run.system)
-    finish_order = spec is not None and (spec.batch_by_finish or spec.chooses_design
-                                         and cfg.planner.design in ("auto", "libra-partial"))
-    max_staleness = None if finish_order else cfg.step.max_staleness
-    if spec is not None and spec.chooses_design and not finish_order:  # the design's lag, which may exceed the run's bound
+    max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
+    if spec is not None and spec.chooses_design:
         max_staleness = design_lag_cap(cfg.planner, cfg.step.max_staleness)
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens),

@@ -21,7 +21,11 @@ Algorithm (`rank_designs`):
      lengths up to the quantile (1/L)^(1/n) (n the group size; at L = 1 the whole tail); the split
      is searched for that capped sample (`finish_order_sample`), and the step is at least the
      whole sample's throughput with L + 1 steps decoding together (larger batches, a better rate
-     per sequence).
+     per sequence). Its trained lag is bounded too (the step core's `bound_trained_lag`), at the
+     largest lag the run allows, B: a group is trained B versions after its admission at the latest,
+     so a finish-order design runs at L < B only (at L = B the batch would wait for a whole step).
+     What the bound costs is not priced: simulated on 48 x A800 swe at L = 2, B = 3 took 7% longer to
+     the target than admission alone, B = 4 2.6% (trajectories trained at lag 5 before, at most 4 now).
    - every split is searched with its rollout's throughput as a floor (`LayoutSearch.best(floor=)`):
      batches in flight share the instances, so no step is shorter than their time for a step's work. (Priced on the step-batched layout with the whole sample, lag 1, 2 and 4
      came out alike; simulated steps were 194, 140 and 109 s on 160 x 910B3 swe.)
@@ -85,6 +89,9 @@ class Design:
     step_s: float  # predicted step time on the sample, once the pipeline is full
     fill_s: float  # predicted first step: its rollout, training and sync, nothing overlapped yet
     gamma: float  # the worth of a trajectory trained one version late
+    # finish-order: the trained-lag bound, above its lag (a group the batches pass over is trained by then; the
+    # step core's `bound_trained_lag`); None: the lag bounds it
+    trained_lag_bound: int | None = None
 
     @property
     def rate(self) -> float:
@@ -104,9 +111,9 @@ class Design:
 
     @property
     def max_staleness(self) -> int:
-        """The staleness bound the step core runs it at: its lag, at least 1 (colocate's lookahead 0 admits
-        nothing ahead, so nothing trains stale there anyway)."""
-        return max(1, self.lag)
+        """The staleness bound the step core runs it at: a finish-order design's trained-lag bound, else its lag,
+        at least 1 (colocate's lookahead 0 admits nothing ahead, so nothing trains stale there anyway)."""
+        return self.trained_lag_bound if self.trained_lag_bound is not None else max(1, self.lag)
 
     @property
     def batch_by_finish(self) -> bool:
@@ -202,24 +209,28 @@ def pipeline_fill_s(choice, step_throughput_s: float, lag: int) -> float:
 
 def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     min_tp, min_train = cm.min_rollout_tp(), cm.min_train_devices()
+    bound = max(space.lag_bounds)  # a finish-order design's trained-lag bound: the largest the run allows
     for lag in (x for x in space.lag_bounds if x >= 1):
         search = LayoutSearch(cm, space.world_size, space.buckets, allowed_tp=space.allowed_tp,
                               max_batch=space.max_batch, min_tp=min_tp, min_train=min_train, lookahead=lag)
         # finish-order: the split searched for the batch it waits for (`finish_order_sample`); L + 1 steps'
         # groups decode together (no barrier holds admission back), so each instance runs a larger batch,
-        # at a better rate per sequence: the whole sample's throughput at that width, per step
-        wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
-        capped = finish_order_sample(wl, lag, space.group_size)
-        part = search.best(capped, Scales(), current=None, floor=(wide, lag + 1))
-        rm = search.build(part, None)
-        thr_wide = search.throughput_s(rm, wide) / (lag + 1)
-        # finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
-        yield "libra-partial", lag, rm, max(part.step_s, thr_wide), pipeline_fill_s(part, search.throughput_s(rm, capped), lag)
+        # at a better rate per sequence: the whole sample's throughput at that width, per step. Only below the
+        # trained-lag bound: at it, a batch would wait for every group of the step the bound reaches (a barrier).
+        # Finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
+        if lag < bound:
+            wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
+            capped = finish_order_sample(wl, lag, space.group_size)
+            part = search.best(capped, Scales(), current=None, floor=(wide, lag + 1))
+            rm = search.build(part, None)
+            thr_wide = search.throughput_s(rm, wide) / (lag + 1)
+            yield ("libra-partial", lag, rm, max(part.step_s, thr_wide),
+                   pipeline_fill_s(part, search.throughput_s(rm, capped), lag), bound)
         choice = search.best(wl, Scales(), current=None, floor=(wl, 1))
         rm = search.build(choice, None)
         thr = search.throughput_s(rm, wl)
         # batches in flight together share the rollout devices: no lookahead beats their throughput
-        yield "libra", lag, rm, max(choice.step_s, thr), pipeline_fill_s(choice, thr, lag)
+        yield "libra", lag, rm, max(choice.step_s, thr), pipeline_fill_s(choice, thr, lag), None
 
 
 def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
@@ -234,18 +245,21 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         _, rollout, train = model.predict(rm, wl, Scales())
         sync = cm.sync_s(g, g, colocated=True)
         if 0 in space.lag_bounds:
-            yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync
+            yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync, None
         if 1 in space.lag_bounds:
-            yield "libra-hybrid", 1, rm, train + sync + max(model.throughput_s(rm, wl), rollout / 2), rollout + train + sync
+            yield "libra-hybrid", 1, rm, train + sync + max(model.throughput_s(rm, wl), rollout / 2), rollout + train + sync, None
 
 
 def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:
     """Every candidate design with its predicted step times, first to `steps` steps' worth of progress first
     (module docstring)."""
-    out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma)
-           for s, lag, rm, step_s, fill_s in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))
+    out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma, trained_lag_bound=bound)
+           for s, lag, rm, step_s, fill_s, bound in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))
            if s in space.families]
     if not out:
+        finish_order = (" (finish-order batches run below the largest lag allowed, their trained-lag bound: allow 2 with "
+                        "--step.max-staleness 2 or --planner.max-lag 2)") if space.families == ("libra-partial",) else ""
         raise ValueError(f"rank_designs: no design of {space.families} fits lag_bounds={space.lag_bounds} and allowed_tp="
-                         f"{space.allowed_tp} on {space.world_size} ranks; allow lag 1 or a TP that divides the world size")
+                         f"{space.allowed_tp} on {space.world_size} ranks{finish_order}; allow lag 1 or a TP that divides "
+                         "the world size")
     return [d for _, d in sorted(enumerate(out), key=lambda x: (x[1].time_for(steps), x[0]))]

@@ -50,14 +50,15 @@ class ClusterSim:
     def __init__(self, *, cfg, cost, workload, router, planner, role_map: RoleMap, lookahead: int,
                  longest_first: bool = False, clairvoyant: bool = False, free_sync: bool = False, free_reconfig: bool = False,
                  record: bool = False, ctx_quantum: int = 64, batch_by_finish: bool = False,
-                 interrupt_on_update: bool = False, elastic: bool = False):
+                 interrupt_on_update: bool = False, elastic: bool = False, bound_trained_lag: bool = False):
         self.cfg = cfg
         self.cost = MemoizedCost(cost, ctx_quantum)  # contexts rounded to 64 tokens: < 1% off, most queries repeat
         self.workload = workload
         self.router = router
         self.core = core.StepCore(commands.CoreConfig(num_steps=cfg.steps, max_staleness=cfg.max_staleness,
                                                   lookahead=lookahead,
-                                                  batch_by_finish=batch_by_finish, elastic=elastic),
+                                                  batch_by_finish=batch_by_finish, elastic=elastic,
+                                                  bound_trained_lag=bound_trained_lag),
                                   router, planner, role_map)
         self.interrupt_on_update = interrupt_on_update  # AReaL: in-flight KV is recomputed on the new weights
         self.stats: list = []  # the core's StepStats, one per step (what a planner would have seen)

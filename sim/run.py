@@ -68,6 +68,7 @@ class SystemParts:
     interrupt_on_update: bool = False
     max_staleness: int | None = None  # the design's lag bound (None: the config's)
     elastic: bool = False  # idle rollout instances may help train (SystemSpec.elastic; the planner chooses them)
+    bound_trained_lag: bool = False  # finish-order batches bound the trained lag, not only admission (libra's designs)
     design: str | None = None  # the design libra's planner chose (`choose_design`), for the summary
 
 
@@ -102,7 +103,8 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         return SystemParts(router=sysmod.make_router(system, real.router), planner=planner, role_map=real.role_map,
                            lookahead=sysmod.lookahead_of(system, cfg.max_staleness), colocated=bool(real.role_map.colocated),
                            oracle=False, batch_by_finish=spec.batch_by_finish,
-                           interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic)
+                           interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic,
+                           bound_trained_lag=spec.chooses_design)
     rcfg = cfg.router if cfg.router is not None else default_router(cfg)
     buckets = buckets_of(cfg)
     # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
@@ -117,14 +119,15 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         return SystemParts(router=sysmod.make_router(system, rcfg), role_map=design.role_map, planner=planner,
                            lookahead=design.lookahead, colocated=design.role_map.colocated,
                            batch_by_finish=design.batch_by_finish, max_staleness=design.max_staleness, design=design.label,
-                           elastic=spec.elastic)
+                           elastic=spec.elastic, bound_trained_lag=True)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
     router = OracleRouter(cost, cfg.max_seqs_per_instance) if clairvoyant else sysmod.make_router(system, rcfg)
     return SystemParts(router=router, planner=planner, role_map=role_map, lookahead=sysmod.lookahead_of(system, cfg.max_staleness),
                        colocated=bool(role_map.colocated), oracle=clairvoyant, batch_by_finish=spec.batch_by_finish,
-                       interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic)
+                       interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic,
+                       bound_trained_lag=spec.chooses_design)
 
 
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:
@@ -163,7 +166,7 @@ def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = F
                      role_map=parts.role_map, lookahead=parts.lookahead, longest_first=clairvoyant,
                      clairvoyant=clairvoyant, free_sync=clairvoyant, free_reconfig=clairvoyant, record=record,
                      batch_by_finish=parts.batch_by_finish, interrupt_on_update=parts.interrupt_on_update,
-                     elastic=parts.elastic)
+                     elastic=parts.elastic, bound_trained_lag=parts.bound_trained_lag)
     with _sparse_gc():
         sim.run()
     return sim.layouts, parts, sim

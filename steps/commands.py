@@ -28,6 +28,9 @@ class CoreConfig:
     checkpoint_every_s: float = 0.0  # and/or seconds of run time between them (0: not by time)
     checkpoint_first: bool = False  # also right after the first step this run trains (a stop then never loses it all)
     batch_by_finish: bool = False  # train the first complete GRPO groups to finish, whatever step admitted them (fully async)
+    # finish-order batches: `max_staleness` bounds the trained lag too (a batch waits for a group a later one would
+    # train past it: libra's designs), not only admission (`lookahead`, as AReaL bounds it: the peers)
+    bound_trained_lag: bool = False
     elastic: bool = False  # idle TP1 rollout instances may join a batch's training (the planner decides who: `TrainBatch.helpers`)
 
     def __post_init__(self) -> None:

@@ -29,7 +29,11 @@ Algorithm:
    long group waits for a later batch instead of holding this one; the planner's stats carry the
    running trajectories' lengths so far (`censored_tokens`). Its staleness is bounded at
    admission, as AReaL bounds it (at most `lookahead` steps ahead of the trainer), not by dropping:
-   a group that outlives several updates is trained, and the row reports its lag.
+   a group that outlives several updates is trained, and the row reports its lag. With
+   `bound_trained_lag` (libra's designs) `max_staleness` bounds the trained lag as well: every group
+   is trained within `max_staleness` versions of the rollout's version at its admission, earliest
+   deadline first, and a batch waits for a group only where the deadlines force it in
+   (`steps/finish_order.py`).
 4. A new layout: `begin_reconfigure` pauses admission and exports every request on an instance
    that goes away; once `drained()`, `finish_reconfigure` re-homes them (`router.set_layout`).
    A plan that carries a new design (lookahead, staleness bound, step or finish-order batches)
@@ -38,7 +42,8 @@ Algorithm:
 
 Invariants (tests/steps/test_stepcore.py, test_stepcore_elastic.py): every started trajectory is trained exactly once or
 dropped with a reason; steps are trained in order and a step never starts more than
-`lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness`; a finished
+`lookahead` steps ahead of the trainer; staleness never exceeds `max_staleness` (finish-order batches: with
+`bound_trained_lag`); a finished
 trajectory counts even when its migration was under way; a layout change re-homes every
 request of a removed instance; a helper is never busy, on a trainer rank, of TP > 1, nor chosen
 during a layout change.
@@ -48,13 +53,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from runlog import LAG_KEY, PREDICTED_KEY, MetricsRow, idle_fractions
 from scheduler.api import OutcomeState, StepStats
 from scheduler.elastic import idle_tp1_instances, planner_helpers
 from scheduler.layout import RoleMap, keep_instance_ids
 from steps.commands import Add, Cancel, CoreConfig, Export, Finished, NewRequest, RunState, StepEnd, TrainBatch
+from steps.finish_order import next_batch
+from steps.records import Request, Step
 from steps.ledger import Ledger
 
 
@@ -74,44 +80,6 @@ def has_signal(members: Iterable[tuple[str, float | None]]) -> bool:
             return True
         groups.setdefault(group, set()).add(reward)
     return any(len(rewards) > 1 for rewards in groups.values())
-
-
-# ---- bookkeeping ------------------------------------------------------------------------------
-@dataclass
-class Request:
-    request_id: str
-    step: int
-    group_id: str
-    prompt_id: str
-    task: object
-    instance_id: int
-    migrating: bool = False
-    target: int | None = None  # where the router's last migration decision sends it
-    tokens: int = 0  # its tokens so far, as its last event said
-
-
-@dataclass
-class Step:
-    index: int
-    admitted_s: float
-    request_ids: list[str] = field(default_factory=list)
-    prompt_ids: dict[str, str] = field(default_factory=dict)  # request -> task id (the ledger's trained order)
-    done: dict[str, Finished | None] = field(default_factory=dict)  # None: dropped
-    drop_reasons: dict[str, str] = field(default_factory=dict)  # request -> why it was dropped
-    groups: dict[str, list[str]] = field(default_factory=dict)  # GRPO group -> its requests, in admission order
-    ready_s: float | None = None
-    taken_groups: int = 0  # finish-order batching: groups of this step already in a batch
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for reason in self.drop_reasons.values():
-            out[reason] = out.get(reason, 0) + 1
-        return out
-
-    @property
-    def complete(self) -> bool:
-        return len(self.done) == len(self.request_ids)
 
 
 class StepCore:
@@ -168,7 +136,9 @@ class StepCore:
 
     def admit(self, step: int, requests: list[NewRequest], now: float) -> list[Add]:
         assert step == self.next_admissible(), f"step {step} admitted out of order (next admissible: {self.next_admissible()})"
-        st = self.steps[step] = Step(index=step, admitted_s=now)
+        # a batch trained but not yet synced: the rollout still samples with the version before it
+        rollout_version = self.version - (self._training is not None and self._trained)
+        st = self.steps[step] = Step(index=step, admitted_s=now, admitted_version=rollout_version)
         adds = []
         for r in requests:
             route = self.router.admit(r.request_id, r.prompt_id, r.prompt_tokens, now)
@@ -300,12 +270,21 @@ class StepCore:
         return idle_tp1_instances(self.role_map, busy={i for r in self.requests.values() for i in (r.instance_id, r.target)})
 
     def _finish_order_step(self, now: float) -> Step | None:
-        """The batch of the first complete groups to finish, as a step of its own; None until enough are in."""
+        """The batch of the first complete groups to finish, as a step of its own; None until enough are in.
+
+        With `bound_trained_lag`, each group must be trained within `max_staleness` versions of the rollout's
+        version at its admission: `steps/finish_order.py` takes the groups those deadlines force in, then the
+        first to finish."""
         first = self.steps.get(min(self.steps)) if self.steps else None
-        need = len(first.groups) if first is not None else 0
-        if not need or len(self._ready_groups) < need:
+        deadlines = None
+        if self.cfg.bound_trained_lag:
+            deadlines = {(st.index, g): st.admitted_version + self.cfg.max_staleness
+                         for st in self.steps.values() for g in st.groups if g not in st.taken}
+        keys = next_batch(self._ready_groups, len(first.groups) if first is not None else 0, deadlines, self.version)
+        if keys is None:
             return None
-        keys, self._ready_groups = self._ready_groups[:need], self._ready_groups[need:]
+        taking = set(keys)
+        self._ready_groups = [k for k in self._ready_groups if k not in taking]
         st = Step(index=self.trained, admitted_s=min(self.steps[s].admitted_s for s, _ in keys), ready_s=now)
         for s, group in keys:
             src = self.steps[s]
@@ -315,8 +294,8 @@ class StepCore:
                 st.done[rid] = src.done[rid]
                 if rid in src.drop_reasons:
                     st.drop_reasons[rid] = src.drop_reasons[rid]
-            src.taken_groups += 1
-            if src.taken_groups == len(src.groups):
+            src.taken.add(group)
+            if len(src.taken) == len(src.groups):
                 del self.steps[s]
         self._batch_step = st
         return st

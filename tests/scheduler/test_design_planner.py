@@ -59,7 +59,7 @@ def test_no_switch_before_the_first_length_sample_and_at_most_two_checks():
     assert planner.take_notes()[0].startswith(f"moved to the design {new.label}: ")
     assert not same_design(new, worst) and decision.role_map == new.role_map
     assert (decision.lookahead, decision.max_staleness, decision.batch_by_finish) == (
-        new.lookahead, max(1, new.lag), new.system == "libra-partial")
+        new.lookahead, new.max_staleness, new.system == "libra-partial")
     decision.role_map.validate()
     t = 1000.0
     for step in range(2, 2 + 3 * MEASURED_ENDS):  # one more check once the new design has run; then none

@@ -135,6 +135,36 @@ def test_finish_order_batches_take_the_first_complete_groups_from_any_step():
     assert c.ledger.counts()["trained"] == 8
 
 
+def test_libras_finish_order_batches_wait_for_a_group_a_later_batch_would_train_past_the_bound():
+    """bound_trained_lag (libra's designs): the same race as above, but s0-g1 and s1-g0 would be trained two versions
+    after their admission by the next batch: this one waits for them, and no trajectory trains above the bound."""
+    c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1, batch_by_finish=True, bound_trained_lag=True),
+                 FakeRouter(), None, layout())
+    c.start(0.0)
+    admit_groups(c, 0.0)
+    admit_groups(c, 0.0)
+    for rid in ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1", "s0-g1-0"):
+        finish(c, rid, 1.0)
+    assert c.take_batch(2.0).request_ids == ("s0-g0-0", "s0-g0-1", "s1-g1-0", "s1-g1-1")  # nothing is due at version 0
+    c.on_trained(train_s=1.0)
+    c.end_step(3.0, sync_s=0.0)
+    admit_groups(c, 3.0)
+    for rid in ("s1-g0-0", "s1-g0-1", "s2-g0-0", "s2-g0-1", "s2-g1-0", "s2-g1-1"):
+        finish(c, rid, 4.0, version=int(rid[1]) // 2)  # step 2 was admitted on version 1
+    assert c.take_batch(4.0) is None  # three groups are in, but s0-g1 is due and still runs
+    finish(c, "s0-g1-1", 5.0)
+    batch = c.take_batch(5.0)
+    assert set(batch.request_ids) == {"s0-g1-0", "s0-g1-1", "s1-g0-0", "s1-g0-1"}  # the due groups, first
+    c.on_trained(train_s=1.0)
+    row = c.end_step(6.0, sync_s=0.0).row
+    assert row.staleness_max == 1
+    batch = c.take_batch(6.0)  # step 2's groups are due now
+    assert set(batch.request_ids) == {"s2-g0-0", "s2-g0-1", "s2-g1-0", "s2-g1-1"}
+    c.on_trained(train_s=1.0)
+    assert c.end_step(7.0, sync_s=0.0).row.staleness_max <= 1
+    assert c.ledger.counts()["trained"] == 12
+
+
 def test_a_skipped_update_reports_no_training_time_to_the_planner():
     planner = FakePlanner()
     c = make_core(planner=planner)
