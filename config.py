@@ -373,6 +373,8 @@ def _derive(cfg: LibraConfig) -> LibraConfig:
     max_staleness = None if spec is not None and spec.batch_by_finish else cfg.step.max_staleness
     if spec is not None and spec.chooses_design:
         max_staleness = design_lag_cap(cfg.planner, cfg.step.max_staleness)
+        if not cfg.planner.bound_trained_lag and cfg.planner.design in ("auto", "libra-partial"):
+            max_staleness = None  # finish-order designs bound admission only: a long group trains later
     return dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, max_staleness=max_staleness, temperature=temperature, max_tokens=cfg.rollout.max_total_tokens),
         planner=dataclasses.replace(cfg.planner, max_batch=cfg.rollout.max_batch))

@@ -24,8 +24,9 @@ Algorithm (`rank_designs`):
      per sequence). Its trained lag is bounded too (the step core's `bound_trained_lag`), at the
      largest lag the run allows, B: a group is trained B versions after its admission at the latest,
      so a finish-order design runs at L < B only (at L = B the batch would wait for a whole step).
-     What the bound costs is not priced: simulated on 48 x A800 swe at L = 2, B = 3 took 7% longer to
-     the target than admission alone, B = 4 2.6% (trajectories trained at lag 5 before, at most 4 now).
+     What the bound costs is not priced (docs/benchmarks.md: 0-41% later to the target on the paper
+     presets, where admission alone trained groups at lag 5-9 under designs of lag 2).
+     `bound_trained_lag=False` bounds admission only, as AReaL and the finish-order peers do.
    - every split is searched with its rollout's throughput as a floor (`LayoutSearch.best(floor=)`):
      batches in flight share the instances, so no step is shorter than their time for a step's work. (Priced on the step-batched layout with the whole sample, lag 1, 2 and 4
      came out alike; simulated steps were 194, 140 and 109 s on 160 x 910B3 swe.)
@@ -140,6 +141,7 @@ class DesignSpace:
     gamma: float = MEASURED_LAG_GAMMA
     group_size: int = 8  # GRPO samples per prompt: a finish-order batch is complete groups
     families: tuple[str, ...] = DESIGN_FAMILIES  # the designs allowed
+    bound_trained_lag: bool = True  # finish-order designs bound the trained lag at max(lag_bounds); False: admission only
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -163,7 +165,8 @@ def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: Plann
     cap = design_lag_cap(planner, max_staleness)
     return DesignSpace(world_size=world_size, buckets=buckets, allowed_tp=planner.allowed_tp, max_batch=planner.max_batch,
                        gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cap),
-                       families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,))
+                       families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,),
+                       bound_trained_lag=planner.bound_trained_lag)
 
 
 def cap_prior(prompt_tokens: Sequence[int], *, max_turns: int, max_new_tokens_per_turn: int, max_tool_tokens: int,
@@ -209,7 +212,8 @@ def pipeline_fill_s(choice, step_throughput_s: float, lag: int) -> float:
 
 def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     min_tp, min_train = cm.min_rollout_tp(), cm.min_train_devices()
-    bound = max(space.lag_bounds)  # a finish-order design's trained-lag bound: the largest the run allows
+    # a finish-order design's trained-lag bound: the largest the run allows (None: admission only, any lag)
+    bound = max(space.lag_bounds) if space.bound_trained_lag else None
     for lag in (x for x in space.lag_bounds if x >= 1):
         search = LayoutSearch(cm, space.world_size, space.buckets, allowed_tp=space.allowed_tp,
                               max_batch=space.max_batch, min_tp=min_tp, min_train=min_train, lookahead=lag)
@@ -218,7 +222,7 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         # at a better rate per sequence: the whole sample's throughput at that width, per step. Only below the
         # trained-lag bound: at it, a batch would wait for every group of the step the bound reaches (a barrier).
         # Finish-order first: at the same lag it waits for less than step batches (a tie goes to it)
-        if lag < bound:
+        if bound is None or lag < bound:
             wide = dataclasses.replace(wl, num_trajectories=wl.num_trajectories * (lag + 1))
             capped = finish_order_sample(wl, lag, space.group_size)
             part = search.best(capped, Scales(), current=None, floor=(wide, lag + 1))
@@ -258,7 +262,8 @@ def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) ->
            if s in space.families]
     if not out:
         finish_order = (" (finish-order batches run below the largest lag allowed, their trained-lag bound: allow 2 with "
-                        "--step.max-staleness 2 or --planner.max-lag 2)") if space.families == ("libra-partial",) else ""
+                        "--step.max-staleness 2 or --planner.max-lag 2, or bound admission only with "
+                        "--planner.bound-trained-lag false)") if space.families == ("libra-partial",) else ""
         raise ValueError(f"rank_designs: no design of {space.families} fits lag_bounds={space.lag_bounds} and allowed_tp="
                          f"{space.allowed_tp} on {space.world_size} ranks{finish_order}; allow lag 1 or a TP that divides "
                          "the world size")

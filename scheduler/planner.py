@@ -80,6 +80,7 @@ class PlannerConfig:
     settle_steps: int = 1  # steps after a layout change (or the start) that neither calibrate nor trigger
     design: str = "auto"  # libra's design (scheduler/design.py): auto = the planner's choice, or a family it moves to at its first length sample: libra (split), libra-partial (finish-order), colocate, libra-hybrid
     max_lag: int | None = None  # the largest trained-lag bound libra's design may choose (scheduler/design.py LAG_BOUNDS); None: the run's --step.max-staleness
+    bound_trained_lag: bool = True  # libra's finish-order designs train no group past that bound (a batch waits for it); False: they bound admission only, as AReaL (faster where the tail spans many steps)
     first_design: str = "prior"  # libra before step 1: prior = its design ranked on the tasks' prompts at the generation caps | split = the launcher's split
     profile: str = "auto"  # auto: plan a CPU run on this machine's costs, measured once (~1 min) and cached | refresh | none: analytic tables | a bench.profile JSON
 

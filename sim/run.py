@@ -104,7 +104,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                            lookahead=sysmod.lookahead_of(system, cfg.max_staleness), colocated=bool(real.role_map.colocated),
                            oracle=False, batch_by_finish=spec.batch_by_finish,
                            interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic,
-                           bound_trained_lag=spec.chooses_design)
+                           bound_trained_lag=spec.chooses_design and real.planner.bound_trained_lag)
     rcfg = cfg.router if cfg.router is not None else default_router(cfg)
     buckets = buckets_of(cfg)
     # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
@@ -119,7 +119,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
         return SystemParts(router=sysmod.make_router(system, rcfg), role_map=design.role_map, planner=planner,
                            lookahead=design.lookahead, colocated=design.role_map.colocated,
                            batch_by_finish=design.batch_by_finish, max_staleness=design.max_staleness, design=design.label,
-                           elastic=spec.elastic, bound_trained_lag=True)
+                           elastic=spec.elastic, bound_trained_lag=cfg.planner.bound_trained_lag)
     role_map = sysmod.initial_role_map(system, cfg.num_devices, cost_model=cost, buckets=buckets)
     planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=role_map, buckets=buckets,
                                   max_staleness=cfg.max_staleness)
@@ -127,7 +127,7 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     return SystemParts(router=router, planner=planner, role_map=role_map, lookahead=sysmod.lookahead_of(system, cfg.max_staleness),
                        colocated=bool(role_map.colocated), oracle=clairvoyant, batch_by_finish=spec.batch_by_finish,
                        interrupt_on_update=spec.interrupt_on_update, elastic=spec.elastic,
-                       bound_trained_lag=spec.chooses_design)
+                       bound_trained_lag=spec.chooses_design and cfg.planner.bound_trained_lag)
 
 
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:

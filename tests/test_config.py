@@ -36,7 +36,8 @@ def test_derived_fields_follow_their_source():
     # finish-order ones too, bound the trained lag at the design cap (steps/finish_order.py)
     for system, bound, *more in (("fully-async", None), ("partial-rollout", None), ("verl-async", 2), ("libra", 2),
                                  ("libra-no-design", 2), ("libra", 2, "--planner.design", "colocate"),
-                                 ("libra", 4, "--planner.max-lag", "4")):
+                                 ("libra", 4, "--planner.max-lag", "4"),
+                                 ("libra", None, "--planner.bound-trained-lag", "false")):
         cfg = parse_args(["--system", system, "--step.max-staleness", "2", *more], device_kind_of=lambda d: "cpu")
         assert cfg.trainer.max_staleness == bound, (system, more)
 

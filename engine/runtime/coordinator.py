@@ -77,7 +77,8 @@ def core_config(cfg, spec, design=None) -> commands.CoreConfig:
                                checkpoint_every=cfg.step.checkpoint_every,
                                checkpoint_every_s=cfg.step.checkpoint_every_min * 60,
                                batch_by_finish=design.batch_by_finish if design else spec.batch_by_finish,
-                               bound_trained_lag=spec.chooses_design,  # libra's finish-order designs: trained lag too
+                               # libra's finish-order designs: the trained lag too (unless the planner says admission only)
+                               bound_trained_lag=spec.chooses_design and cfg.planner.bound_trained_lag,
                                checkpoint_first=True,
                                # a helper computes its gradient with the torch model it decodes with, and has no KL reference
                                elastic=spec.elastic and cfg.rollout.backend != "vllm" and cfg.trainer.kl_coef == 0)

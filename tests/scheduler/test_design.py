@@ -93,6 +93,9 @@ def test_a_long_tail_pays_for_dropping_the_batch_barrier():
     ranked = rank_designs(A800_14B, _space(lag_bounds=(0, 1, 2, 4)), _long_tail(seed=1), 20)
     assert {d.lag for d in ranked if d.system == "libra-partial"} == {1, 2}
     assert all(d.max_staleness == 4 for d in ranked if d.system == "libra-partial")
+    # bounded at admission only (as AReaL): up to the largest lag, each at its own
+    admission = rank_designs(A800_14B, _space(lag_bounds=(0, 1, 2, 4), bound_trained_lag=False), _long_tail(seed=1), 20)
+    assert {(d.lag, d.max_staleness) for d in admission if d.system == "libra-partial"} == {(1, 1), (2, 2), (4, 4)}
     assert ranked[0].system in ("libra-partial", "libra-hybrid")
     by = {(d.system, d.lag): d for d in ranked}
     assert by["libra-partial", 2].step_s < by["libra", 2].step_s
