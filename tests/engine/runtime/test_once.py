@@ -37,7 +37,9 @@ def test_keys_are_per_request_and_call_and_forgotten_with_the_episode():
     for rid, key in [("a", (1, 0)), ("a", (1, 1)), ("b", (1, 0)), ("a", (1, 0))]:
         once.run(rid, key, fn((rid, key)), out.append)
     assert runs == [("a", (1, 0)), ("a", (1, 1)), ("b", (1, 0))] and out[-1] == (True, ("a", (1, 0)))
-    once.forget("a")
-    assert len(once) == 1
+    once.run("a", (2, 0), fn(("a", (2, 0))), out.append)  # the next turn: the first one's outcomes go
+    assert len(once) == 2
     once.run("a", (1, 0), fn("again"), out.append)
     assert runs[-1] == "again"
+    once.forget("a")
+    assert len(once) == 1
