@@ -290,13 +290,10 @@ class Switch:
 
     moved: int  # ranks whose role (trainer, or which instance) changes
     trainer_moved: bool  # the trainer group changes: the old group saves its state, the new one loads it
-    engines_gone: bool  # an instance's ranks change: its engine goes, its requests drain (tool calls) and move
 
 
 def switch_of(old: RoleMap | None, new: RoleMap) -> Switch:
     """The kind of change from `old` to `new` (a bucket relabel keeps every engine and the trainer)."""
     if old is None:
-        return Switch(new.world_size, True, True)
-    kept = {i.ranks for i in new.instances}
-    return Switch(num_moved(old, new), old.trainer_ranks != new.trainer_ranks,
-                  any(i.ranks not in kept for i in old.instances))
+        return Switch(new.world_size, True)
+    return Switch(num_moved(old, new), old.trainer_ranks != new.trainer_ranks)

@@ -152,9 +152,9 @@ def test_a_measured_reconfiguration_cost_must_be_paid_back_too():
     # the same step after a switch that took longer than 9 steps' gain: the move is refused
     dear = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=10)
     _, stats = heavy_step(dear, reconfig_s=gain * 10)
-    assert dear.on_step_end(stats, 1.0) is None and dear.reconfig_s(Switch(1, True, False)) == gain * 10
+    assert dear.on_step_end(stats, 1.0) is None and dear.reconfig_s(Switch(1, True)) == gain * 10
     # a change that keeps the trainer group (a bucket relabel) is not charged a trainer hand-off it never pays
-    assert dear.reconfig_s(Switch(1, False, False)) == GPU.reconfig_s(1, trainer_moved=False) < gain * 10
+    assert dear.reconfig_s(Switch(1, False)) == GPU.reconfig_s(1, trainer_moved=False) < gain * 10
 
 
 @pytest.mark.parametrize("steps, lookahead, moves", [
@@ -212,9 +212,9 @@ def test_a_switch_says_what_it_moves():
     old = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1), ("short", 1), ("long", 1)), buckets=buckets)
     relabel = split_role_map(world_size=4, num_trainer=1, rollout_tp=(("short", 1),) * 3, buckets=buckets, version=1)
     to_train = split_role_map(world_size=4, num_trainer=2, rollout_tp=(("short", 1), ("long", 1)), buckets=buckets, version=1)
-    assert switch_of(old, relabel) == Switch(moved=1, trainer_moved=False, engines_gone=False)  # same engines
-    assert switch_of(old, to_train) == Switch(moved=1, trainer_moved=True, engines_gone=True)
-    assert switch_of(None, old) == Switch(moved=4, trainer_moved=True, engines_gone=True)
+    assert switch_of(old, relabel) == Switch(moved=1, trainer_moved=False)  # same engines
+    assert switch_of(old, to_train) == Switch(moved=1, trainer_moved=True)
+    assert switch_of(None, old) == Switch(moved=4, trainer_moved=True)
 
 
 def test_no_realloc_keeps_the_split():
