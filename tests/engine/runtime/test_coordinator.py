@@ -63,6 +63,15 @@ def drain(box):
     return [m for _, m in box.poll()]
 
 
+def admitted(tmp_path):
+    """A coordinator that admitted its first steps, with the Adds it sent drained from every worker's box."""
+    coord, workers = make(tmp_path)
+    coord.admit()
+    for box in workers.values():
+        drain(box)
+    return coord, workers
+
+
 def test_admission_sends_each_request_to_its_instance_leader(tmp_path):
     coord, workers = make(tmp_path)
     coord.admit()
@@ -77,10 +86,7 @@ def test_admission_sends_each_request_to_its_instance_leader(tmp_path):
 
 
 def test_a_migration_exports_then_re_adds_with_the_state_on_the_target(tmp_path):
-    coord, workers = make(tmp_path)
-    coord.admit()
-    for box in workers.values():
-        drain(box)
+    coord, workers = admitted(tmp_path)
     rid = "s0-p0-n0"
     src = coord.core.requests[rid].instance_id
     leader = coord.role_map.instance(src).ranks[0]
@@ -167,10 +173,7 @@ class Counting:
 def test_a_tool_call_re_issued_by_the_instance_a_request_moved_to_runs_once(tmp_path):
     """A layout change exports a request in a tool call at once; its new instance re-issues the call under the
     same key and gets the first run's result (engine/runtime/once.py); the episode's close forgets the keys."""
-    coord, workers = make(tmp_path)
-    coord.admit()
-    for box in workers.values():
-        drain(box)
+    coord, workers = admitted(tmp_path)
     coord.episodes["s0-p0-n0"] = episode = Counting()
     call = ToolCall(name="echo", arguments={"text": "hi"})
     coord._dispatch(msg.to_global(1), msg.EnvCall(3, "s0-p0-n0", "execute", call, (2, 0)))
@@ -193,10 +196,7 @@ def test_a_workers_remote_episode_sends_its_key_and_both_instances_get_one_run(t
 
     from engine.runtime.worker import RemoteEpisode, ToolLink
 
-    coord, workers = make(tmp_path)
-    coord.admit()
-    for box in workers.values():
-        drain(box)
+    coord, workers = admitted(tmp_path)
     coord.episodes["s0-p0-n0"] = episode = Counting()
     links = {w: ToolLink(workers[w], timeout_s=20) for w in (1, 2)}
     call = ToolCall(name="echo", arguments={})
