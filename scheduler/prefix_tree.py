@@ -9,11 +9,12 @@ records:
    At depth d (after d tool returns) the node collects the sample `total - tokens_at[d-1]`
    (at the root: `total - prompt_tokens`), i.e. the tokens that were still to come. A record
    leaving the window takes its samples out again, so the samples always are the window's.
-2. At a rebuild, freeze each changed node into (count, mean, p-quantile) of its samples (mean
-   and p-quantile only where a query reads them: at least `min_samples` samples), and a
-   fallback table keyed by the last outcome alone (all depths pooled). Queries read only frozen
-   statistics, so between rebuilds they see the tree as of the last one. A node left without
-   samples is unhooked (count 0 reads as absent) and kept for reuse as a new node.
+2. The records that entered and left the window since the last rebuild are walked in and out
+   at a rebuild, in their order, so between rebuilds queries see the tree as of the last one;
+   beside the tries, a fallback table keyed by the last outcome alone (all depths pooled). A
+   node left without samples is unhooked (count 0 reads as absent) and kept for reuse as a new
+   node. A query reads a node's (count, mean, p-quantile) off its samples (a sorted list and
+   their running sum).
 3. A query takes the deepest exact match with at least `min_samples` samples, preferring the
    prompt's own tree, then the global tree, then the last-outcome table; none -> no estimate.
 
@@ -75,23 +76,21 @@ class Estimate(NamedTuple):
 
 
 class Node:
-    """A trie node: its live samples, kept sorted, and the statistics frozen at the last rebuild."""
+    """A trie node: its samples as of the last rebuild, kept sorted, and their sum."""
 
-    __slots__ = ("children", "samples", "count", "mean", "tail")
+    __slots__ = ("children", "samples", "total")
 
     def __init__(self) -> None:
         self.children: dict[OutcomeState, Node] = {}
-        self.samples: list[int] = []  # sorted; changes as records enter and leave the window
-        self.count, self.mean, self.tail = 0, 0.0, 0.0  # what queries read: as of the last rebuild
+        self.samples: list[int] = []  # sorted; changes only at a rebuild, as records enter and leave the window
+        self.total = 0  # sum of the samples (integers: kept exactly as they enter and leave)
 
-    def freeze(self, quantile: float, min_samples: int) -> None:
-        """Publish the count, and the mean and tail where a query reads them (count >= min_samples;
-        most nodes, deep in a trie, hold fewer samples and are never read past their count)."""
+    def estimate(self, quantile: float, source: str) -> Estimate:
+        """(mean, nearest-rank `quantile`, count) of the samples (at least one)."""
         s = self.samples
-        n = self.count = len(s)
-        if n >= min_samples:
-            self.mean = sum(s) / n
-            self.tail = float(s[max(0, math.ceil(quantile * n) - 1)])
+        n = len(s)
+        # total / n = sum(s) / n: the running sum of integer samples is exact
+        return Estimate(self.total / n, float(s[max(0, math.ceil(quantile * n) - 1)]), n, source)
 
 
 class Cursor:
@@ -110,13 +109,17 @@ class Cursor:
 class CausalPrefixTree:
     def __init__(self, cfg: PrefixTreeConfig | None = None) -> None:
         self.cfg = cfg or PrefixTreeConfig()
-        self._records: deque[TrajectoryRecord] = deque()
+        self._records: deque[TrajectoryRecord] = deque()  # the window
+        # since the last rebuild, in order: a record that entered the window, or None where the oldest left it
+        self._pending: list[TrajectoryRecord | None] = []
+        # each record in the tries, oldest first: (it, the nodes `_add` put its samples in, where each hangs,
+        # its samples), so that `_remove` need not walk the tries again (its nodes hold its samples: they stay hooked)
+        self._paths: deque[tuple] = deque()
         self._since_rebuild = 0
         self.generation = 0
         self._global = Node()
         self._prompts: dict[str, Node] = {}
         self._last: dict[OutcomeState, Node] = {}
-        self._dirty: set[Node] = set()  # nodes whose samples changed since the last rebuild
         self._emptied: list = []  # parent's dict, key, parent's dict, key, ... of the nodes left without samples
         self._spare: list[Node] = []  # nodes unhooked at a rebuild, for `_node` to hang again
 
@@ -136,14 +139,22 @@ class CausalPrefixTree:
 
     def _append(self, record: TrajectoryRecord) -> None:
         self._records.append(record)
-        self._add(record)
+        self._pending.append(record)
         if len(self._records) > self.cfg.window:
-            self._remove(self._records.popleft())
+            self._records.popleft()
+            self._pending.append(None)
 
     def rebuild(self) -> None:
-        """Publish the window's statistics to queries. The samples are kept up to date as records
-        enter and leave the window (a sorted list per node), so only changed nodes are refrozen:
-        the same statistics as a rebuild from scratch, at a cost that follows the new records."""
+        """Publish the window's statistics to queries: walk the records that entered and left it since the
+        last rebuild in and out of the tries (a sorted list of samples per node), in their order: the same
+        statistics as a rebuild from scratch, at a cost that follows the new records."""
+        paths = self._paths
+        for rec in self._pending:
+            if rec is None:
+                self._remove(*paths.popleft())
+            else:
+                paths.append((rec, *self._add(rec)))
+        self._pending.clear()
         emptied = iter(self._emptied)
         for parent, key in zip(emptied, emptied):  # count 0 reads as absent: unhook it so memory follows the window
             node = parent.get(key)
@@ -151,34 +162,31 @@ class CausalPrefixTree:
                 del parent[key]
                 self._spare.append(node)
         self._emptied.clear()
-        q, k = self.cfg.quantile, self.cfg.min_samples
-        for node in self._dirty:
-            node.freeze(q, k)
-        self._dirty.clear()
         self._since_rebuild = 0
         self.generation += 1
 
-    def _add(self, rec: TrajectoryRecord) -> None:
-        """Add one record's samples along its paths in both tries and the last-outcome table."""
-        g = self._global
-        p = self._prompts.get(rec.prompt_id)
+    def _add(self, rec: TrajectoryRecord) -> tuple[list[Node], list, list[int]]:
+        """Add one record's samples along its paths in both tries and the last-outcome table; returns
+        (every node of its paths, the dict each hangs in, the sample each got) for `_remove`."""
+        g, prompts = self._global, self._prompts
+        p = prompts.get(rec.prompt_id)
         if p is None:
-            p = self._prompts[rec.prompt_id] = self._node()
-        total, last, insort = rec.total_tokens, self._last, bisect.insort
+            p = prompts[rec.prompt_id] = self._node()
+        total, last, insort, new = rec.total_tokens, self._last, bisect.insort, self._node
         remaining = total - rec.prompt_tokens
-        insort(g.samples, remaining)
-        insort(p.samples, remaining)
-        nodes = [g, p]  # every node of its paths
+        nodes, ups, rems = [g, p], [None, prompts], [remaining, remaining]
         for outcome, at in zip(rec.outcomes, rec.tokens_at):
-            remaining = max(0, total - at)
-            g = g.children.get(outcome) or g.children.setdefault(outcome, self._node())
-            p = p.children.get(outcome) or p.children.setdefault(outcome, self._node())
-            node = last.get(outcome) or last.setdefault(outcome, self._node())
-            insort(g.samples, remaining)
-            insort(p.samples, remaining)
+            remaining = total - at if total > at else 0
+            up_g, up_p = g.children, p.children
+            g = up_g.get(outcome) or up_g.setdefault(outcome, new())
+            p = up_p.get(outcome) or up_p.setdefault(outcome, new())
+            nodes += (g, p, last.get(outcome) or last.setdefault(outcome, new()))
+            ups += (up_g, up_p, last)
+            rems += (remaining, remaining, remaining)
+        for node, remaining in zip(nodes, rems):
             insort(node.samples, remaining)
-            nodes += (g, p, node)
-        self._dirty.update(nodes)
+            node.total += remaining
+        return nodes, ups, rems
 
     def _node(self) -> Node:
         """A new node (called only where one is hung): one unhooked at a rebuild if any. Such a node
@@ -188,33 +196,20 @@ class CausalPrefixTree:
         if not self._spare:
             return Node()
         node = self._spare.pop()
-        assert not node.samples and not node.children
-        node.count, node.mean, node.tail = 0, 0.0, 0.0  # as a new node reads until the next rebuild
+        assert not node.samples and not node.children and not node.total
         return node
 
-    def _remove(self, rec: TrajectoryRecord) -> None:
+    def _remove(self, rec: TrajectoryRecord, nodes: list[Node], ups: list, rems: list[int]) -> None:
         """Take out the samples `_add` put in (the record left the window; its nodes hold them, so
-        they are all still hooked). A node left without samples is unhooked at the next rebuild."""
-        emptied, dirty, bisect_left = self._emptied, self._dirty, bisect.bisect_left
-        total, last = rec.total_tokens, self._last
-        remaining = total - rec.prompt_tokens
-        g, p = self._global, self._prompts[rec.prompt_id]
-        for node in (g, p):
+        they are all still hooked). A node left without samples is unhooked at the end of the rebuild."""
+        emptied, bisect_left = self._emptied, bisect.bisect_left
+        keys = (rec.prompt_id, *rec.outcomes)  # the key each node hangs by (the root's is never read)
+        for i, (node, remaining) in enumerate(zip(nodes, rems)):
             samples = node.samples
             del samples[bisect_left(samples, remaining)]
-            dirty.add(node)
-        if not p.samples:
-            emptied += (self._prompts, rec.prompt_id)
-        for outcome, at in zip(rec.outcomes, rec.tokens_at):
-            remaining = max(0, total - at)
-            up_g, up_p = g.children, p.children
-            g, p = up_g[outcome], up_p[outcome]
-            for up, node in ((up_g, g), (up_p, p), (last, last[outcome])):  # each node and where it hangs
-                samples = node.samples
-                del samples[bisect_left(samples, remaining)]
-                if not samples:
-                    emptied += (up, outcome)
-                dirty.add(node)
+            node.total -= remaining
+            if not samples and i:
+                emptied += (ups[i], keys[(i + 1) // 3])
 
     # ---- queries ----------------------------------------------------------------------------
     def cursor(self, prompt_id: str) -> Cursor:
@@ -245,15 +240,15 @@ class CausalPrefixTree:
             self._rewalk(cur)
         k = self.cfg.min_samples
         node = cur.prompt_node
-        if node is not None and node.count >= k:
-            return Estimate(node.mean, node.tail, node.count, "prompt")
+        if node is not None and len(node.samples) >= k:
+            return node.estimate(self.cfg.quantile, "prompt")
         node = cur.global_node
-        if node is not None and node.count >= k:
-            return Estimate(node.mean, node.tail, node.count, "global")
+        if node is not None and len(node.samples) >= k:
+            return node.estimate(self.cfg.quantile, "global")
         if cur.outcomes:
             node = self._last.get(cur.outcomes[-1])
-            if node is not None and node.count >= k:
-                return Estimate(node.mean, node.tail, node.count, "last")
+            if node is not None and len(node.samples) >= k:
+                return node.estimate(self.cfg.quantile, "last")
         return None
 
     def predict(self, prompt_id: str, outcomes: list[OutcomeState] | tuple[OutcomeState, ...]) -> Estimate | None:
