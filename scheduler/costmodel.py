@@ -371,35 +371,50 @@ class MemoizedCost:
     MAX_ENTRIES = 200_000  # cleared when full, so a long run's memory stays bounded
 
     def __init__(self, cost, ctx_quantum: int = 0) -> None:
-        self.cost, self.q = cost, ctx_quantum
+        self.cost, self.q, self.half_q = cost, ctx_quantum, ctx_quantum // 2
         self.shared_cores = getattr(cost, "shared_cores", 0)  # read per event by the simulator: no __getattr__ detour
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, float] = {}  # max_batch
+        self._decode: dict[tuple, float] = {}  # one table per query, keyed by its arguments alone
+        self._prefill: dict[tuple, float] = {}
+        self._int_tables: dict[tuple, dict[int, float]] = {}  # `int_table`
 
-    def _put(self, key: tuple, value):
-        if len(self._memo) >= self.MAX_ENTRIES:
-            self._memo.clear()
-        self._memo[key] = value
+    def int_table(self, name: tuple) -> dict[int, float]:
+        """A table, one per `name`, that a caller keys by one integer of its own making: the simulator's
+        per-event step times (`sim.instance.SimInstance`), looked up without a call nor a tuple per query.
+        Its owner keeps it under `MAX_ENTRIES`, as this model keeps its memo."""
+        table = self._int_tables.get(name)
+        if table is None:
+            table = self._int_tables[name] = {}
+        return table
+
+    def _put(self, key: tuple, value, memo: dict | None = None):
+        memo = self._memo if memo is None else memo
+        if len(memo) >= self.MAX_ENTRIES:
+            memo.clear()
+        memo[key] = value
         return value
 
     def __getattr__(self, name: str):
         return getattr(self.cost, name)
 
     def decode_step_s(self, batch: float, context_tokens: float, tp: int) -> float:
-        if self.q:
-            context_tokens = int(context_tokens) // self.q * self.q + self.q // 2
-        key = ("d", batch, context_tokens, tp)
-        t = self._memo.get(key)
+        q = self.q
+        if q:
+            context_tokens = int(context_tokens) // q * q + self.half_q
+        key = (batch, context_tokens, tp)
+        t = self._decode.get(key)
         if t is None:
-            t = self._put(key, self.cost.decode_step_s(batch, context_tokens, tp))
+            t = self._put(key, self.cost.decode_step_s(batch, context_tokens, tp), self._decode)
         return t
 
     def prefill_s(self, num_tokens: int, tp: int) -> float:
-        if self.q:
-            num_tokens = max(1, int(num_tokens) // self.q * self.q + self.q // 2)
-        key = ("p", num_tokens, tp)
-        t = self._memo.get(key)
+        q = self.q
+        if q:
+            num_tokens = max(1, int(num_tokens) // q * q + self.half_q)
+        key = (num_tokens, tp)
+        t = self._prefill.get(key)
         if t is None:
-            t = self._put(key, self.cost.prefill_s(num_tokens, tp))
+            t = self._put(key, self.cost.prefill_s(num_tokens, tp), self._prefill)
         return t
 
     def max_batch(self, context_tokens: float, tp: int, mem_frac: float = 0.9) -> int:

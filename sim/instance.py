@@ -15,8 +15,10 @@ the batch never exceeds `capacity` sequences, nor (once it holds one) its KV cap
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from heapq import heappop, heappush
+
+from scheduler.costmodel import MemoizedCost
 
 
 class SimRequest:
@@ -54,7 +56,7 @@ class SimInstance:
     __slots__ = (
         "instance_id", "tp", "bucket", "bucket_limit", "capacity", "cost", "queue", "heap", "num_active",
         "ctx_offset", "iter_pos", "stall_s", "last_t", "step_s", "epoch", "busy_dev_s", "active_ids",
-        "kv_capacity_tokens", "num_joins", "slowdown",
+        "kv_capacity_tokens", "num_joins", "slowdown", "_q", "_shift", "_decode_memo", "_prefill_memo",
     )
 
     def __init__(self, *, instance_id: int, tp: int, bucket: str, bucket_limit: int | None, capacity: int, cost,
@@ -79,6 +81,13 @@ class SimInstance:
         self.busy_dev_s = 0.0
         self.num_joins = 0
         self.slowdown = 1.0  # wall seconds per second of work: > 1 while more processes than cores are busy
+        # step times by one integer key, shared by the instances of one TP: a MemoizedCost prices every context
+        # of a q-token bin alike, so (context // q, batch) is the key (an exact cost model: q = 1)
+        self._q = (cost.q or 1) if isinstance(cost, MemoizedCost) else 1
+        self._shift = max(1, capacity).bit_length()  # the batch (<= capacity) in the key's low bits
+        tables = cost.int_table if isinstance(cost, MemoizedCost) else lambda name: {}
+        self._decode_memo = tables(("decode_step_s", tp, self._shift))
+        self._prefill_memo = tables(("prefill_s", tp))
 
     # ---- time ---------------------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -105,31 +114,40 @@ class SimInstance:
     # ---- batch membership ---------------------------------------------------------------
     def join(self, req: SimRequest) -> None:
         """Start decoding `req` (its prefill is charged as stall)."""
-        if req.need_prefill:
-            self.stall_s += self.cost.prefill_s(req.need_prefill, self.tp)
+        need = req.need_prefill
+        if need:
+            memo, key = self._prefill_memo, int(need) // self._q
+            prefill_s = memo.get(key)
+            if prefill_s is None:
+                if len(memo) >= MemoizedCost.MAX_ENTRIES:
+                    memo.clear()
+                prefill_s = memo[key] = self.cost.prefill_s(need, self.tp)
+            self.stall_s += prefill_s
             req.need_prefill = 0
-        k = req.left
+        k, context, iid = req.left, req.context, self.instance_id
         limit = self.bucket_limit
-        if limit is not None and 0 < limit - req.context < k:
+        if limit is not None and 0 < limit - context < k:
             # stop at the bucket's token limit so the router can demote it (MLFQ safety net)
-            k = limit - req.context
+            k = limit - context
         pos = self.iter_pos
         req.join_iter = pos
-        req.target_iter = pos + k
-        req.instance_id = self.instance_id
-        if not req.instances or req.instances[-1] != self.instance_id:
-            req.instances.append(self.instance_id)
-        self.ctx_offset += req.context - pos
+        req.target_iter = target = pos + k
+        req.instance_id = iid
+        visited = req.instances
+        if not visited or visited[-1] != iid:
+            visited.append(iid)
+        self.ctx_offset += context - pos
         self.num_active += 1
         self.active_ids[id(req)] = req
-        self.num_joins += 1
+        self.num_joins = joins = self.num_joins + 1
         # join order breaks ties: id() would make the finish order depend on memory addresses
-        heapq.heappush(self.heap, (req.target_iter, req.gen, self.num_joins, req))
+        heappush(self.heap, (target, req.gen, joins, req))
 
     def leave(self, req: SimRequest) -> int:
         """Take `req` out of the batch; returns the tokens it decoded here (integer)."""
-        done = int(round(min(self.iter_pos, req.target_iter) - req.join_iter))
-        self.ctx_offset -= req.context - req.join_iter
+        pos, target, joined = self.iter_pos, req.target_iter, req.join_iter
+        done = int(round((target if target < pos else pos) - joined))  # min(pos, target)
+        self.ctx_offset -= req.context - joined
         self.num_active -= 1
         del self.active_ids[id(req)]
         req.gen += 1
@@ -144,11 +162,12 @@ class SimInstance:
     def fill(self) -> None:
         # admit while both the sequence cap and the KV cache (tokens) allow; an empty instance
         # always takes one request so that nothing waits forever
-        queue = self.queue
-        while queue and self.num_active < self.capacity:
-            if self.num_active and self.kv_tokens() + queue[0].context > self.kv_capacity_tokens:
+        queue, capacity, kv_capacity, join = self.queue, self.capacity, self.kv_capacity_tokens, self.join
+        while queue and self.num_active < capacity:
+            n = self.num_active
+            if n and self.ctx_offset + n * self.iter_pos + queue[0].context > kv_capacity:  # kv_tokens() + context
                 break
-            self.join(queue.popleft())
+            join(queue.popleft())
 
     def pop_due(self) -> list[SimRequest]:
         """Requests whose target iteration has been reached, removed from the batch."""
@@ -157,15 +176,18 @@ class SimInstance:
         while heap:
             target, gen, _, req = heap[0]
             if gen != req.gen:
-                heapq.heappop(heap)
+                heappop(heap)
                 continue
             if target > reached:
                 break
-            heapq.heappop(heap)
+            heappop(heap)
             due.append(req)
+        leave = self.leave
         for req in due:
-            self.iter_pos = max(self.iter_pos, req.target_iter)
-            self.leave(req)
+            pos, target = self.iter_pos, req.target_iter
+            if target > pos:  # max(pos, target)
+                self.iter_pos = target
+            leave(req)
         return due
 
     def evict_all(self) -> list[SimRequest]:
@@ -181,15 +203,27 @@ class SimInstance:
     def next_event_time(self, now: float) -> float | None:
         """When the next request reaches its target, at the current batch; None if idle."""
         heap = self.heap
-        while heap and heap[0][1] != heap[0][3].gen:
-            heapq.heappop(heap)
+        while heap:
+            top = heap[0]
+            if top[1] == top[3].gen:
+                break
+            heappop(heap)
         n = self.num_active
         if not n:
             self.step_s = 0.0
             return None
-        k = max(0.0, heap[0][0] - self.iter_pos)
-        mean_ctx = (self.ctx_offset + n * self.iter_pos) / n + k / 2.0
-        self.step_s = step_s = self.cost.decode_step_s(n, int(mean_ctx), self.tp)
+        pos = self.iter_pos
+        k = heap[0][0] - pos
+        if not k > 0.0:  # max(0.0, k)
+            k = 0.0
+        ctx = int((self.ctx_offset + n * pos) / n + k / 2.0)  # the mean context over the next k iterations
+        memo, key = self._decode_memo, (ctx // self._q) << self._shift | n
+        step_s = memo.get(key)
+        if step_s is None:
+            if len(memo) >= MemoizedCost.MAX_ENTRIES:
+                memo.clear()
+            step_s = memo[key] = self.cost.decode_step_s(n, ctx, self.tp)
+        self.step_s = step_s
         return now + (self.stall_s + k * step_s) * self.slowdown
 
     @property
