@@ -232,31 +232,33 @@ class SyntheticWorkload:
 
     def _one(self, rng: random.Random, step: int, prompt_id: str, request_id: str, z_prompt: float) -> TrajSpec:
         pf = self.profile
-        gauss, uniform = rng.gauss, rng.random
+        gauss, uniform, exp = rng.gauss, rng.random, math.exp  # gauss() is gauss(0.0, 1.0)
         share = pf.prompt_share
-        z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * gauss(0.0, 1.0)
+        z = math.sqrt(share) * z_prompt + math.sqrt(1.0 - share) * gauss()
         difficulty = min(difficulty_of(pf, z), pf.max_difficulty)
         drift = self.drift_factor(step)
         num_turns = int(round(pf.base_turns * difficulty**pf.turn_exponent * drift))
         num_turns = max(1, min(pf.max_turns, num_turns))
         per_turn = pf.base_turn_tokens * difficulty ** (1.0 - pf.turn_exponent) * drift
         jitter, max_turn = pf.turn_jitter, pf.max_turn_tokens
-        turns = [max(1, min(max_turn, int(per_turn * math.exp(jitter * gauss(0.0, 1.0))))) for _ in range(num_turns)]
+        turns = [int(per_turn * exp(jitter * gauss())) for _ in range(num_turns)]
+        turns = [1 if t < 1 else max_turn if t > max_turn else t for t in turns]  # max(1, min(max_turn, t))
         outcomes, out_tokens, latencies = [], [], []
         p_fail = min(0.9, pf.fail_base * math.sqrt(difficulty))
         p_timeout = 0.1 * p_fail
         p_large = min(0.8, 0.1 * difficulty)
         p_medium = p_large + 0.4  # below it (and above p_large): medium
         tools, sizes = self._outcomes, pf.output_tokens
+        num_kinds = len(tools)
         latency_s, latency_sigma = pf.tool_latency_s, pf.tool_latency_sigma
         for i in range(num_turns - 1):
             u = uniform()
             status = 2 if u < p_timeout else 1 if u < p_fail else 0  # timeout, failure, success
             v = uniform()
             size = 2 if v < p_large else 1 if v < p_medium else 0  # large, medium, small
-            outcomes.append(tools[i % len(tools)][size][status])
+            outcomes.append(tools[i % num_kinds][size][status])
             out_tokens.append(sizes[size])
-            latencies.append(latency_s * math.exp(latency_sigma * gauss(0.0, 1.0)))
+            latencies.append(latency_s * exp(latency_sigma * gauss()))
         turns, out_tokens = _truncate(pf.prompt_tokens, pf.max_context_tokens, turns, out_tokens)
         num_tools = len(turns) - 1
         return TrajSpec(
