@@ -24,7 +24,7 @@ Algorithm (`rank_designs`):
      per sequence). Its trained lag is bounded too (the step core's `bound_trained_lag`), at the
      largest lag the run allows, B: a group is trained B versions after its admission at the latest,
      so a finish-order design runs at L < B only (at L = B the batch would wait for a whole step).
-     What the bound costs is not priced (docs/benchmarks.md: 0-41% later to the target on the paper
+     What the bound costs is not priced (docs/benchmarks.md: 0-13% later to the target on the paper
      presets, where admission alone trained groups at lag 5-9 under designs of lag 2).
      `bound_trained_lag=False` bounds admission only, as AReaL and the finish-order peers do.
    - every split is searched with its rollout's throughput as a floor (`LayoutSearch.best(floor=)`):
