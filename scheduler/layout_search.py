@@ -56,6 +56,7 @@ class LayoutSearch(LayoutModel):
         self.check_host = check_host  # a CPU run's ranks share the host's memory: no split past it
         self._tables: dict = {}  # (demand without its path piece, tp) -> T(k), valid for one search
         self._paths: dict = {}  # (that key, path piece) -> P(k), valid for one search
+        self._fills: dict = {}  # (active, tps) -> (demands, {(bucket, k): its time}) of `_fill`, valid for one search
 
     # ---- search ------------------------------------------------------------------------------
     def _assignments(self):
@@ -142,7 +143,7 @@ class LayoutSearch(LayoutModel):
         (work, steps), no step is priced below the rollout's throughput for that work spread over those steps."""
         lo, hi = rollout_range or (1, self.world_size - 1)
         g = self.world_size
-        self._tables, self._paths = {}, {}
+        self._tables, self._paths, self._fills = {}, {}, {}
         # per rollout size r: (time, active, tps, ks) of the fastest assignment (the first of equals)
         best_r: list[tuple[float, tuple, tuple, list[int]] | None] = [None] * g
         for active, tps in self._assignments():
@@ -190,7 +191,7 @@ class LayoutSearch(LayoutModel):
         best = ranked[0][1] if floor is None else self._floored(wl, ranked, floor, scales)
         if floor is None:
             best.ks = self._fill(wl, best)
-        self._tables, self._paths = {}, {}
+        self._tables, self._paths, self._fills = {}, {}, {}
         return best
 
     def _floored(self, wl: Workload, ranked: list[tuple[tuple, Choice]], floor: tuple[Workload, int],
@@ -202,6 +203,7 @@ class LayoutSearch(LayoutModel):
         time by L + 1). The floor never lowers a step, so the scan stops at the first pipelined step above the best."""
         work, steps = floor
         best: tuple[tuple, Choice] | None = None
+        work_demands: dict[tuple[int, ...], list] = {}  # active -> `demands(work, active)`
         for key, c in ranked:
             if best is not None and key[0] > best[0][0]:
                 break
@@ -209,7 +211,9 @@ class LayoutSearch(LayoutModel):
             counts = {a: {} for a in c.active}
             for a, tp, k in zip(c.active, c.tps, c.ks):
                 counts[a][tp] = counts[a].get(tp, 0) + k
-            demands = self.demands(work, c.active)
+            demands = work_demands.get(c.active)
+            if demands is None:
+                demands = work_demands[c.active] = self.demands(work, c.active)
             thr = max(self._thr_s(d, counts[a]) for a, d in zip(c.active, demands) if d.n > 0 and counts[a])
             if self.cm.shared_cores:
                 thr = self.cm.on_shared_cores(thr, math.inf, num_rollout=c.num_rollout,
@@ -220,15 +224,25 @@ class LayoutSearch(LayoutModel):
         return best[1]
 
     def _fill(self, wl: Workload, c: Choice) -> list[int]:
-        """Instances per active bucket for the chosen R: the frontier's k_a, then the leftovers."""
-        demands = self.demands_on(wl, c.active, c.tps)
+        """Instances per active bucket for the chosen R: the frontier's k_a, then the leftovers (the
+        candidates of one search share (active, tps), so their demands and bucket times are kept)."""
+        fill = self._fills.get((c.active, c.tps))
+        if fill is None:
+            fill = self._fills[c.active, c.tps] = (self.demands_on(wl, c.active, c.tps), {})
+        demands, times = fill
         ks = list(c.ks)
         left = c.num_rollout - sum(k * tp for k, tp in zip(ks, c.tps))
         assert left >= 0, f"allocation {ks} x {c.tps} exceeds {c.num_rollout} rollout devices"
         tool = wl.tool_s_per_token
+
+        def time_of(i: int) -> float:  # bucket i's own time or its piece of the path, with ks[i] instances
+            t = times.get((i, ks[i]))
+            if t is None:
+                t = times[i, ks[i]] = max(self.bucket_s(demands[i], {c.tps[i]: ks[i]}, tool),
+                                          self.path_s(demands[i], c.tps[i], ks[i], tool))
+            return t
         while left > 0:
-            order = sorted(range(len(ks)), key=lambda i: -max(self.bucket_s(demands[i], {c.tps[i]: ks[i]}, tool),
-                                                               self.path_s(demands[i], c.tps[i], ks[i], tool)))
+            order = sorted(range(len(ks)), key=lambda i: -time_of(i))
             i = next((i for i in order if c.tps[i] <= left), None)
             if i is None:
                 break
