@@ -209,7 +209,8 @@ class BaseRouter:
 
     def on_tool_return(self, request_id: str, outcome: OutcomeState, tokens_so_far: int, now: float) -> Decision:
         req = self._reqs.get(request_id) or self._get(request_id)
-        self._set_tokens(req, tokens_so_far)
+        self._load[req.instance_id] += tokens_so_far - req.tokens  # `_set_tokens`, inline: once per tool return
+        req.tokens = tokens_so_far
         req.outcomes.append(outcome)
         req.tokens_at.append(tokens_so_far)
         return self._on_tool(req, outcome)

@@ -102,10 +102,11 @@ class ClusterSim:
         Every caller has advanced it to `now` already."""
         if inst.queue:
             inst.fill()
-        inst.epoch += 1
+        inst.epoch = epoch = inst.epoch + 1
         t = inst.next_event_time(self.now)
-        if t is not None:
-            self._push(t, _INST, inst, inst.epoch)
+        if t is not None:  # `_push`, inline: an event per kick
+            self.seq = seq = self.seq + 1
+            heapq.heappush(self.events, (t, seq, _INST, inst, epoch))
 
     def _build_instances(self, role_map: RoleMap) -> list[SimRequest]:
         """Engines of `role_map`; an instance on the same ranks keeps its engine (as a real rank does).
@@ -135,9 +136,9 @@ class ClusterSim:
         self._try_admit()
         if self.cost.shared_cores:
             self._share_cores()
-        events, shared_cores = self.events, self.cost.shared_cores
+        events, shared_cores, pop = self.events, self.cost.shared_cores, heapq.heappop
         while events:
-            t, _, kind, obj, tag = heapq.heappop(events)
+            t, _, kind, obj, tag = pop(events)
             self.now = t
             if kind == _INST:
                 if tag == obj.epoch and self.instances.get(obj.instance_id) is obj:
@@ -212,9 +213,10 @@ class ClusterSim:
             else:
                 self._finish(req)
             return
-        req.tool_until = self.now + spec.tool_latency_s[req.turn]
+        req.tool_until = t = self.now + spec.tool_latency_s[req.turn]
         self.tools_in_flight += 1
-        self._push(req.tool_until, _TOOL, req)
+        self.seq = seq = self.seq + 1  # `_push`, inline: an event per turn
+        heapq.heappush(self.events, (t, seq, _TOOL, req, 0))
 
     def _on_tool_return(self, req: SimRequest) -> None:
         self.tools_in_flight -= 1
