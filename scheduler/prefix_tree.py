@@ -9,9 +9,11 @@ records:
    At depth d (after d tool returns) the node collects the sample `total - tokens_at[d-1]`
    (at the root: `total - prompt_tokens`), i.e. the tokens that were still to come. A record
    leaving the window takes its samples out again, so the samples always are the window's.
-2. The records that entered and left the window since the last rebuild are walked in and out
-   at a rebuild, in their order, so between rebuilds queries see the tree as of the last one;
-   beside the tries, a fallback table keyed by the last outcome alone (all depths pooled). A
+2. A rebuild publishes the window (a new `generation`): queries see the tree as of the last
+   rebuild. The tries are brought to that window when a query first reads them: the records
+   that left it are walked out and the new ones in (a sorted list of samples per node), so a
+   router that asks nothing (every request in its longest bucket) keeps only the records.
+   Beside the tries, a fallback table keyed by the last outcome alone (all depths pooled). A
    node left without samples is unhooked (count 0 reads as absent) and kept for reuse as a new
    node. A query reads a node's (count, mean, p-quantile) off its samples (a sorted list and
    their running sum).
@@ -19,8 +21,8 @@ records:
    prompt's own tree, then the global tree, then the last-outcome table; none -> no estimate.
 
 Queries are O(1) per tool return: callers keep a `Cursor` (the two current nodes) and advance it
-with `advance`; a cursor made before a rebuild is re-walked from its outcome list once (the tree
-has a `generation` counter). The tree serialises to JSON (its records), so a run can warm-start
+with `advance`; a cursor made before a rebuild is re-walked from its outcome list once, when an
+estimate next reads it (the tree has a `generation` counter). The tree serialises to JSON (its records), so a run can warm-start
 from the previous one; the scheduler does no I/O, the caller writes the string.
 
 Invariants (tests/scheduler/test_scheduler_cmlfq.py): estimates are exact mean and nearest-rank quantile of
@@ -110,18 +112,21 @@ class CausalPrefixTree:
     def __init__(self, cfg: PrefixTreeConfig | None = None) -> None:
         self.cfg = cfg or PrefixTreeConfig()
         self._records: deque[TrajectoryRecord] = deque()  # the window
-        # since the last rebuild, in order: a record that entered the window, or None where the oldest left it
-        self._pending: list[TrajectoryRecord | None] = []
+        self._added = 0  # records ever added
+        self._snapshot: tuple[TrajectoryRecord, ...] = ()  # the window as of the last rebuild ...
+        self._snapshot_end = 0  # ... and `_added` then
         # each record in the tries, oldest first: (it, the nodes `_add` put its samples in, where each hangs,
         # its samples), so that `_remove` need not walk the tries again (its nodes hold its samples: they stay hooked)
         self._paths: deque[tuple] = deque()
+        self._paths_end = 0  # `_added` when the records in the tries were the window
+        self._built = 0  # the generation the tries show (`_sync`)
         self._since_rebuild = 0
         self.generation = 0
         self._global = Node()
         self._prompts: dict[str, Node] = {}
         self._last: dict[OutcomeState, Node] = {}
         self._emptied: list = []  # parent's dict, key, parent's dict, key, ... of the nodes left without samples
-        self._spare: list[Node] = []  # nodes unhooked at a rebuild, for `_node` to hang again
+        self._spare: list[Node] = []  # nodes unhooked by `_sync`, for `_node` to hang again
 
     @property
     def num_records(self) -> int:
@@ -139,22 +144,36 @@ class CausalPrefixTree:
 
     def _append(self, record: TrajectoryRecord) -> None:
         self._records.append(record)
-        self._pending.append(record)
+        self._added += 1
         if len(self._records) > self.cfg.window:
             self._records.popleft()
-            self._pending.append(None)
 
     def rebuild(self) -> None:
-        """Publish the window's statistics to queries: walk the records that entered and left it since the
-        last rebuild in and out of the tries (a sorted list of samples per node), in their order: the same
-        statistics as a rebuild from scratch, at a cost that follows the new records."""
-        paths = self._paths
-        for rec in self._pending:
-            if rec is None:
+        """Publish the window to queries (module docstring, 2); the tries follow when first read (`_sync`)."""
+        self._snapshot, self._snapshot_end = tuple(self._records), self._added
+        self._since_rebuild = 0
+        self.generation += 1
+
+    def _sync(self) -> None:
+        """Bring the tries to the window of the last rebuild: walk the records that left it out and the new ones
+        in (a sorted list of samples per node): the same statistics as a rebuild from scratch, at a cost that
+        follows the records that changed (all of them when the tries were last read a window ago or more)."""
+        if self._built == self.generation:
+            return
+        target, end, paths = self._snapshot, self._snapshot_end, self._paths
+        start = end - len(target)  # the window's first record, counted as `_added` counts
+        if self._paths_end <= start:  # nothing in common: start over
+            self._global, self._prompts, self._last = Node(), {}, {}
+            paths.clear()
+            self._emptied.clear()
+            first = start
+        else:
+            for _ in range(start - (self._paths_end - len(paths))):  # the records that left the window
                 self._remove(*paths.popleft())
-            else:
-                paths.append((rec, *self._add(rec)))
-        self._pending.clear()
+            first = self._paths_end
+        for rec in target[first - start:]:
+            paths.append((rec, *self._add(rec)))
+        self._paths_end, self._built = end, self.generation
         emptied = iter(self._emptied)
         for parent, key in zip(emptied, emptied):  # count 0 reads as absent: unhook it so memory follows the window
             node = parent.get(key)
@@ -162,8 +181,6 @@ class CausalPrefixTree:
                 del parent[key]
                 self._spare.append(node)
         self._emptied.clear()
-        self._since_rebuild = 0
-        self.generation += 1
 
     def _add(self, rec: TrajectoryRecord) -> tuple[list[Node], list, list[int]]:
         """Add one record's samples along its paths in both tries and the last-outcome table; returns
@@ -189,7 +206,7 @@ class CausalPrefixTree:
         return nodes, ups, rems
 
     def _node(self) -> Node:
-        """A new node (called only where one is hung): one unhooked at a rebuild if any. Such a node
+        """A new node (called only where one is hung): one unhooked by `_sync` if any. Such a node
         holds no sample nor child (a child holds a subset of its parent's samples, so it was
         unhooked too) and nothing reads it (cursors re-walk after a rebuild); a run makes and drops
         about a million nodes, and each new object costs its allocation and a garbage-collector scan."""
@@ -201,7 +218,7 @@ class CausalPrefixTree:
 
     def _remove(self, rec: TrajectoryRecord, nodes: list[Node], ups: list, rems: list[int]) -> None:
         """Take out the samples `_add` put in (the record left the window; its nodes hold them, so
-        they are all still hooked). A node left without samples is unhooked at the end of the rebuild."""
+        they are all still hooked). A node left without samples is unhooked at the end of `_sync`."""
         emptied, bisect_left = self._emptied, bisect.bisect_left
         keys = (rec.prompt_id, *rec.outcomes)  # the key each node hangs by (the root's is never read)
         for i, (node, remaining) in enumerate(zip(nodes, rems)):
@@ -213,11 +230,11 @@ class CausalPrefixTree:
 
     # ---- queries ----------------------------------------------------------------------------
     def cursor(self, prompt_id: str) -> Cursor:
-        cur = Cursor(prompt_id)
-        self._rewalk(cur)
-        return cur
+        """A cursor at the prompt's roots, walked when an estimate first reads it."""
+        return Cursor(prompt_id)
 
     def _rewalk(self, cur: Cursor) -> None:
+        self._sync()
         p, g = self._prompts.get(cur.prompt_id), self._global
         for outcome in cur.outcomes:
             p = p.children.get(outcome) if p is not None else None
@@ -226,8 +243,7 @@ class CausalPrefixTree:
 
     def advance(self, cur: Cursor, outcome: OutcomeState) -> None:
         cur.outcomes.append(outcome)
-        if cur.generation != self.generation:
-            self._rewalk(cur)
+        if cur.generation != self.generation:  # walked again from its outcomes when an estimate reads it
             return
         if cur.prompt_node is not None:
             cur.prompt_node = cur.prompt_node.children.get(outcome)
