@@ -261,14 +261,16 @@ class SyntheticWorkload:
             latencies.append(latency_s * exp(latency_sigma * gauss()))
         turns, out_tokens = _truncate(pf.prompt_tokens, pf.max_context_tokens, turns, out_tokens)
         num_tools = len(turns) - 1
+        if num_tools < len(outcomes):  # cut short: the calls after its last turn never ran
+            outcomes, out_tokens, latencies = outcomes[:num_tools], out_tokens[:num_tools], latencies[:num_tools]
         return TrajSpec(
             request_id=request_id,
             prompt_id=prompt_id,
             prompt_tokens=pf.prompt_tokens,
             turn_tokens=tuple(turns),
-            tool_outcomes=tuple(outcomes[:num_tools]),
-            tool_output_tokens=tuple(out_tokens[:num_tools]),
-            tool_latency_s=tuple(latencies[:num_tools]),
+            tool_outcomes=tuple(outcomes),
+            tool_output_tokens=tuple(out_tokens),
+            tool_latency_s=tuple(latencies),
         )
 
 
@@ -282,6 +284,9 @@ def difficulty_of(pf: WorkloadProfile, z: float) -> float:
 
 def _truncate(prompt: int, max_context: int, turns: list[int], out_tokens: list[int]) -> tuple[list[int], list[int]]:
     """Cut the trajectory where its context fills the window (the env ends it with max_tokens)."""
+    if prompt + sum(turns) + sum(out_tokens) < max_context - 1 and min(turns, default=0) >= 0 \
+            and min(out_tokens, default=0) >= 0:
+        return turns, out_tokens  # every partial sum below stays under the window: nothing is cut
     used = prompt
     for i, t in enumerate(turns):
         if used + t >= max_context:
