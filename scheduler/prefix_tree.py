@@ -22,8 +22,9 @@ records:
 
 Queries are O(1) per tool return: callers keep a `Cursor` (the two current nodes) and advance it
 with `advance`; a cursor made before a rebuild is re-walked from its outcome list once, when an
-estimate next reads it (the tree has a `generation` counter). The tree serialises to JSON (its records), so a run can warm-start
-from the previous one; the scheduler does no I/O, the caller writes the string.
+estimate next reads it (the tree has a `generation` counter); the first query after a rebuild
+also brings the tries up to it. The tree serialises to JSON (its records), so a run can
+warm-start from the previous one; the scheduler does no I/O, the caller writes the string.
 
 Invariants (tests/scheduler/test_scheduler_cmlfq.py): estimates are exact mean and nearest-rank quantile of
 the samples; a rebuild happens exactly every `rebuild_every` records; the tree only reflects the
