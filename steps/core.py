@@ -276,11 +276,14 @@ class StepCore:
         version at its admission: `steps/finish_order.py` takes the groups those deadlines force in, then the
         first to finish."""
         first = self.steps.get(min(self.steps)) if self.steps else None
+        need = len(first.groups) if first is not None else 0
+        if not need or len(self._ready_groups) < need:  # asked at every event: no deadlines built for nothing
+            return None
         deadlines = None
         if self.cfg.bound_trained_lag:
             deadlines = {(st.index, g): st.admitted_version + self.cfg.max_staleness
                          for st in self.steps.values() for g in st.groups if g not in st.taken}
-        keys = next_batch(self._ready_groups, len(first.groups) if first is not None else 0, deadlines, self.version)
+        keys = next_batch(self._ready_groups, need, deadlines, self.version)
         if keys is None:
             return None
         taking = set(keys)
