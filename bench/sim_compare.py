@@ -88,6 +88,10 @@ def headline(result: dict, best_static: tuple[float, float] | None = None, tuned
         out["oracle/libra"] = s["oracle"]["tokens_per_s"] / lib
     # how far libra's planner misjudged its own steps (mean |forecast / measured - 1|; 0.2 = 20%)
     out["forecast_err"] = s["libra"].get("planner_forecast_error", float("nan"))
+    # and of its mean step (|mean forecast / mean measured - 1|): a time-shared hybrid alternates long and short
+    # steps about a mean the model prices, which the per-step error counts against it at every step
+    pred, meas = s["libra"].get("planner_predicted_step_s"), s["libra"].get("planner_measured_step_s")
+    out["forecast_mean_err"] = abs(pred / meas - 1) if pred and meas else float("nan")
     if best_static is not None:
         out["libra/best_static"] = lib / best_static[1]
         out["best_static_train_share"] = best_static[0]
