@@ -257,8 +257,9 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
 def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:
     """Every candidate design with its predicted step times, first to `steps` steps' worth of progress first
     (module docstring)."""
+    splits = _split_designs(cm, space, wl) if {"libra", "libra-partial"} & set(space.families) else ()  # searches
     out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma, trained_lag_bound=bound)
-           for s, lag, rm, step_s, fill_s, bound in (*_split_designs(cm, space, wl), *_colocated_designs(cm, space, wl))
+           for s, lag, rm, step_s, fill_s, bound in (*splits, *_colocated_designs(cm, space, wl))
            if s in space.families]
     if not out:
         finish_order = (" (finish-order batches run below the largest lag allowed, their trained-lag bound: allow 2 with "

@@ -26,17 +26,22 @@ Algorithm (`DesignPlanner.on_step_end`):
    length alone (the mean forecast error there 1.42 -> 1.10 with two; and on 48 x A800 search a
    finish-order split's one period with a trained-lag wait in it moved the run to step batches,
    0.70 of the best peer against 0.96). Then no more: drift within a design is its planner's to follow.
+   A colocated design has no planner within, so after each step its forecast follows the recent
+   lengths, scaled as its last check measured it (as a split's planner forecasts, `GlobalPlanner`;
+   on length_drift, whose trajectories triple, it stayed at the second check's 793 s while the
+   steps grew to 2,500 s).
 4. Which idle rollout instances help train a batch (`elastic_helpers`) is scheduler/elastic.py's
    decision on the planner's cost model, whatever the design (a colocated one has no idle instance).
 
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
-at most two checks; a colocated design forecasts its steps too; a switch that
+at most two checks; a colocated design forecasts its steps too, following its lengths; a switch that
 cannot pay for itself in the steps left is refused; the decision carries the new design's
 lookahead, staleness bound and batching, and a validated role map.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -75,6 +80,7 @@ class DesignPlanner:
         self._ends: list[float] = []  # when each step of the design in force ended (its measured periods)
         self.checks = 0  # re-checks made (module docstring, 2-3)
         self._design_step_s = design.step_s if math.isfinite(design.step_s) else None
+        self._scale = 1.0  # measured over predicted step time of the design in force, as its last check found it
         self._notes: list[str] = []  # what its checks concluded (`take_notes`)
 
     @property
@@ -94,6 +100,8 @@ class DesignPlanner:
             decision = self._rechoose(stats)
             if decision is not None:
                 return decision
+        elif self.inner is None and self.checks:
+            self._reforecast()
         return self.inner.on_step_end(stats, now) if self.inner is not None else None
 
     def take_notes(self) -> list[str]:
@@ -120,6 +128,13 @@ class DesignPlanner:
             measured, predicted = first.rollout_s + first.train_s + first.sync_s, current.fill_s
         return min(2.0, max(0.5, measured / predicted)) if measured > 0 and predicted > 0 else 1.0
 
+    def _reforecast(self) -> None:
+        """The colocated design in force priced on the recent lengths, scaled as measured (module docstring, 3)."""
+        space = dataclasses.replace(self.space, families=(self.design.system,))  # no split is searched
+        ranked = rank_designs(self.cm, space, Workload.from_stats(self._history), max(1, self.remaining_steps))
+        mine = next(d for d in ranked if same_design(d, self.design))
+        self._design_step_s = mine.step_s * self._scale
+
     def _rechoose(self, stats: StepStats) -> PlanDecision | None:
         wl = Workload.from_stats(self._history)
         steps = max(0, self.remaining_steps - self.lookahead)  # run on whatever design is chosen now
@@ -131,7 +146,7 @@ class DesignPlanner:
         best = ranked[0]
         scale = self.measured_scale(current) if current is not None else 1.0
         if current is not None:
-            self._design_step_s = current.step_s * scale
+            self._design_step_s, self._scale = current.step_s * scale, scale
             if same_design(best, current):
                 self._say(f"kept the design {current.label}: the first to the reward target on the lengths measured "
                           f"({self._design_step_s:.1f} s a step predicted)")
@@ -150,7 +165,7 @@ class DesignPlanner:
                   f"as --planner.design {best.system} asks (from {self.design.label})")
         self._say(f"moved to the design {best.label}: {reason}")
         self.design, self.lookahead, self._ends = best, best.lookahead, []
-        self._design_step_s = best.step_s
+        self._design_step_s, self._scale = best.step_s, 1.0
         self.inner = self._planner_for(best, self.remaining_steps)
         return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,
                             current_step_s=current.step_s if current is not None else math.nan,

@@ -98,3 +98,23 @@ def test_the_best_design_stays():
     assert len(kept) == 2 and all(n.startswith(f"kept the design {best.label}: the first to the reward target on the "
                                                "lengths measured (") for n in kept)
     assert planner.forecast_step_s == pytest.approx(best.step_s, rel=0.05)  # rows report it, colocated or not
+
+
+def test_a_colocated_design_forecast_follows_its_lengths():
+    flat = _lengths(128, tail=False)
+    wl = _workload(flat, 4.0)
+    colocated = next(d for d in rank_designs(A800_14B, SPACE, wl, 20) if d.role_map.colocated)
+    planner = _planner(colocated)
+    t = 0.0
+    for step in range(MEASURED_ENDS):  # both checks, the steps measured 1.5x the model's
+        t += 1.5 * colocated.step_s
+        planner.on_step_end(_stats(colocated, flat, step, step_s=1.5 * colocated.step_s, train_factor=4.0), t)
+    assert planner.checks == 2 and same_design(planner.design, colocated)
+    before = planner.forecast_step_s
+    assert before == pytest.approx(1.5 * colocated.step_s, rel=0.05)
+    longer = [3 * x for x in flat]  # the policy's trajectories triple (length_drift)
+    for step in range(MEASURED_ENDS, MEASURED_ENDS + 8):  # a full history of them
+        planner.on_step_end(_stats(colocated, longer, step, step_s=1.5 * colocated.step_s, train_factor=4.0), t)
+    repriced = next(d for d in rank_designs(A800_14B, SPACE, _workload(longer, 4.0), 20) if same_design(d, colocated))
+    assert repriced.step_s > 2 * colocated.step_s
+    assert planner.forecast_step_s == pytest.approx(1.5 * repriced.step_s, rel=0.05)  # as its checks scaled it
