@@ -190,11 +190,11 @@ def cap_prior(prompt_tokens: Sequence[int], *, max_turns: int, max_new_tokens_pe
 
 
 def finish_order_sample(wl: Workload, lag: int, group_size: int) -> Workload:
-    """The length sample as a finish-order batch sees it: with L + 1 steps' groups in flight, a batch is
-    about the first 1/(L + 1) of them to complete, and a group completes with its slowest sample, so
-    the batch waits for trajectories up to the quantile (1/(L + 1))^(1/n) of the lengths (n the group
-    size); longer ones carry on into later batches: capped there (their work still counts, in the
-    throughput of the whole sample)."""
+    """The length sample as a finish-order batch sees it: with L + 1 steps' groups in flight (the newest
+    started a step late and overtakes little), a batch is about the first 1/L of the others to complete,
+    and a group completes with its slowest sample, so the batch waits for trajectories up to the quantile
+    (1/L)^(1/n) of the lengths (n the group size); longer ones carry on into later batches: capped there
+    (their work still counts, in the throughput of the whole sample)."""
     q = (1.0 / max(1, lag)) ** (1.0 / max(1, group_size))
     lens = sorted(wl.trajectory_tokens)
     cap = lens[min(len(lens) - 1, int(q * len(lens)))]
