@@ -237,21 +237,28 @@ def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
         yield "libra", lag, rm, max(choice.step_s, thr), pipeline_fill_s(choice, thr, lag), None
 
 
-def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
-    g = space.world_size
+def colocated_parts(cm: CostModel, space: DesignSpace, wl: Workload, tp: int) -> tuple[float, float, float, float]:
+    """A colocated TP-`tp` layout on `wl`: (a batch's rollout, alone on every rank; the instances' time for its
+    work at full throughput; training on every rank; the local weight sync)."""
     single = (dataclasses.replace(space.buckets[-1], max_tokens=None),)
     model = LayoutModel(cm, single, max_batch=space.max_batch, lookahead=0)
+    rm = colocated_role_map(world_size=space.world_size, tp=tp)
+    _, rollout, train = model.predict(rm, wl, Scales())
+    return rollout, model.throughput_s(rm, wl), train, cm.sync_s(space.world_size, space.world_size, colocated=True)
+
+
+def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
+    g = space.world_size
     tps = [t for t in space.allowed_tp if g % t == 0 and t >= cm.min_rollout_tp() and cm.model.tp_divides(t)]
     if not cm.host_fits(g, g):  # every rank holds a trainer shard and a rollout model
         return
     for tp in tps:
         rm = colocated_role_map(world_size=g, tp=tp)
-        _, rollout, train = model.predict(rm, wl, Scales())
-        sync = cm.sync_s(g, g, colocated=True)
+        rollout, thr, train, sync = colocated_parts(cm, space, wl, tp)
         if 0 in space.lag_bounds:
             yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync, None
         if 1 in space.lag_bounds:
-            yield "libra-hybrid", 1, rm, train + sync + max(model.throughput_s(rm, wl), rollout / 2), rollout + train + sync, None
+            yield "libra-hybrid", 1, rm, train + sync + max(thr, rollout / 2), rollout + train + sync, None
 
 
 def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:

@@ -26,32 +26,39 @@ Algorithm (`DesignPlanner.on_step_end`):
    length alone (the mean forecast error there 1.42 -> 1.10 with two; and on 48 x A800 search a
    finish-order split's one period with a trained-lag wait in it moved the run to step batches,
    0.70 of the best peer against 0.96). Then no more: drift within a design is its planner's to follow.
-   A colocated design has no planner within, so after each step its forecast follows the recent
-   lengths, scaled as its last check measured it (as a split's planner forecasts, `GlobalPlanner`;
-   on length_drift, whose trajectories triple, it stayed at the second check's 793 s while the
-   steps grew to 2,500 s).
+   A colocated design has no planner within, so after each step it forecasts the next one itself
+   (a split's planner does the same, `GlobalPlanner`): from the last batch's lengths (under drift
+   the best guess: on length_drift, whose trajectories triple, the second check's 793 s stayed the
+   forecast while the steps grew to 2,500 s) and from where the pipeline stands: the next batch has
+   generated `StepStats.ahead_s` already, so the step is its training and sync plus what is left of
+   its rollout. A time-shared hybrid's steps alternate (heavy_tail: 465 and 98 s): a batch admitted
+   a step ahead runs through a long step and is nearly done by the next training, which makes the
+   step after it short; the mean step the ranking prices was off at every step. The model's rollout
+   and training are calibrated as a split's planner calibrates them (`Scales`, EMAs of measured over
+   predicted): a step's rollout is its period less its training and sync, plus the head start its
+   batch had (measured only where the rollout, not the training, ended the step).
 4. Which idle rollout instances help train a batch (`elastic_helpers`) is scheduler/elastic.py's
    decision on the planner's cost model, whatever the design (a colocated one has no idle instance).
 
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
-at most two checks; a colocated design forecasts its steps too, following its lengths; a switch that
+at most two checks; a colocated design forecasts its steps too, following its lengths and the
+next batch's head start; a switch that
 cannot pay for itself in the steps left is refused; the decision carries the new design's
 lookahead, staleness bound and batching, and a validated role map.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
 
 from scheduler.api import PlanDecision, StepStats
 from scheduler.costmodel import CostModel
-from scheduler.design import Design, DesignSpace, rank_designs
+from scheduler.design import Design, DesignSpace, colocated_parts, rank_designs
 from scheduler.elastic import elastic_helpers
 from scheduler.layout import RoleMap
-from scheduler.layout_model import Workload
+from scheduler.layout_model import Scales, Workload
 from scheduler.layout_search import switch_of
 from scheduler.planner import PlannerConfig, switch_cost_s
 
@@ -80,13 +87,13 @@ class DesignPlanner:
         self._ends: list[float] = []  # when each step of the design in force ended (its measured periods)
         self.checks = 0  # re-checks made (module docstring, 2-3)
         self._design_step_s = design.step_s if math.isfinite(design.step_s) else None
-        self._scale = 1.0  # measured over predicted step time of the design in force, as its last check found it
         self._notes: list[str] = []  # what its checks concluded (`take_notes`)
+        self._scales, self._ahead_s = Scales(), 0.0  # a colocated design's calibration; the last step's head start
 
     @property
     def forecast_step_s(self) -> float | None:
-        """The split planner's forecast within a split design; else the design's own predicted step time (from its
-        last ranking: the bench's prior until the first check, the run's lengths after it)."""
+        """The split planner's forecast within a split design; else the design's own: its ranking's step time on the
+        bench's prior until the first check, then the next step from where the pipeline stands (`_reforecast`)."""
         inner = self.inner.forecast_step_s if self.inner is not None else None
         return inner if inner is not None else self._design_step_s
 
@@ -95,13 +102,14 @@ class DesignPlanner:
         self._history = (self._history + [stats])[-self.cfg.history_steps:]
         self._ends.append(now)
         sampled = sum(len(s.trajectory_tokens) for s in self._history) >= self.cfg.min_history_trajectories
+        head, self._ahead_s = self._ahead_s, stats.ahead_s  # how long this step's batch had run when the last ended
         if sampled and (self.checks == 0 or self.checks == 1 and len(self._ends) >= MEASURED_ENDS):
             self.checks += 1
             decision = self._rechoose(stats)
             if decision is not None:
                 return decision
-        elif self.inner is None and self.checks:
-            self._reforecast()
+        if self.inner is None and self.checks:
+            self._reforecast(stats, head)
         return self.inner.on_step_end(stats, now) if self.inner is not None else None
 
     def take_notes(self) -> list[str]:
@@ -128,12 +136,21 @@ class DesignPlanner:
             measured, predicted = first.rollout_s + first.train_s + first.sync_s, current.fill_s
         return min(2.0, max(0.5, measured / predicted)) if measured > 0 and predicted > 0 else 1.0
 
-    def _reforecast(self) -> None:
-        """The colocated design in force priced on the recent lengths, scaled as measured (module docstring, 3)."""
-        space = dataclasses.replace(self.space, families=(self.design.system,))  # no split is searched
-        ranked = rank_designs(self.cm, space, Workload.from_stats(self._history), max(1, self.remaining_steps))
-        mine = next(d for d in ranked if same_design(d, self.design))
-        self._design_step_s = mine.step_s * self._scale
+    def _reforecast(self, stats: StepStats, head: float) -> None:
+        """The next step of the colocated design in force: its training and sync, and the rest of a rollout that has
+        run `stats.ahead_s` already, on the last batch's lengths, as calibrated (module docstring, 3); `head`: the
+        head start that batch had."""
+        recent = [stats] if stats.trajectory_tokens else self._history  # under drift the last batch is the best guess
+        rollout, _, train, sync = colocated_parts(self.cm, self.space, Workload.from_stats(recent),
+                                                  self.design.role_map.instances[0].tp)
+        a = self.cfg.scale_ema
+        generated = self._ends[-1] - self._ends[-2] - stats.train_s - stats.sync_s if len(self._ends) >= 2 else 0.0
+        if stats.trajectory_tokens and generated > 0.05 * stats.train_s and rollout > 0:  # the rollout ended the step
+            self._scales.rollout = (1 - a) * self._scales.rollout + a * (generated + head) / rollout
+        if stats.trajectory_tokens and stats.train_s > 0 and train > 0:
+            self._scales.train = (1 - a) * self._scales.train + a * stats.train_s / train
+        self._design_step_s = (train * self._scales.train + sync
+                               + max(0.0, rollout * self._scales.rollout - stats.ahead_s))
 
     def _rechoose(self, stats: StepStats) -> PlanDecision | None:
         wl = Workload.from_stats(self._history)
@@ -146,7 +163,7 @@ class DesignPlanner:
         best = ranked[0]
         scale = self.measured_scale(current) if current is not None else 1.0
         if current is not None:
-            self._design_step_s, self._scale = current.step_s * scale, scale
+            self._design_step_s = current.step_s * scale
             if same_design(best, current):
                 self._say(f"kept the design {current.label}: the first to the reward target on the lengths measured "
                           f"({self._design_step_s:.1f} s a step predicted)")
@@ -165,7 +182,8 @@ class DesignPlanner:
                   f"as --planner.design {best.system} asks (from {self.design.label})")
         self._say(f"moved to the design {best.label}: {reason}")
         self.design, self.lookahead, self._ends = best, best.lookahead, []
-        self._design_step_s, self._scale = best.step_s, 1.0
+        self._scales, self._ahead_s = Scales(), 0.0
+        self._design_step_s = best.step_s
         self.inner = self._planner_for(best, self.remaining_steps)
         return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,
                             current_step_s=current.step_s if current is not None else math.nan,

@@ -19,7 +19,8 @@ Algorithm:
    order (finish order is a race). `on_trained` bumps the policy version and says whether the
    trainer stepped (the no-signal rule, `has_signal`: a batch in which no GRPO group's rewards
    differ trains nothing, and its `StepStats.train_s` is 0); `end_step` builds the `MetricsRow`
-   and the planner's `StepStats`, and asks the planner for a new layout.
+   and the planner's `StepStats` (with the next batch's head start, `ahead_s`), and asks the
+   planner for a new layout.
    With `elastic`, the batch also names its `helpers`: the TP1 rollout instances on no trainer
    rank with nothing of the core on them or moving to them at that moment (`idle_instances`;
    none while a layout changes) that the planner lets join (`elastic_helpers`: whether the split
@@ -105,6 +106,7 @@ class StepCore:
         self._trained_s = 0.0
         self._train_metrics: dict = {}
         self._train_tokens: int | None = None
+        self._train_start_s = 0.0  # when the batch in training was handed out (colocated ranks stop generating)
         self._last_step_end = state.wall_s if state else 0.0  # the caller's clock continues a resumed run's
         self._checkpoint_s = self._last_step_end
         self._first_step = self.trained + 1  # the first step this run (or this resume) trains
@@ -255,7 +257,7 @@ class StepCore:
         helpers = self._elastic_helpers(tokens) if ids and signal else ()
         self._training = TrainBatch(st.index, tuple(payloads), tuple(ids), self.version, helpers=helpers)
         self._trained, self._trained_s, self._train_metrics, self._train_tokens = False, 0.0, {}, None
-        self._stepped = False
+        self._stepped, self._train_start_s = False, now
         return self._training
 
     def _elastic_helpers(self, num_tokens: int) -> tuple[int, ...]:
@@ -336,7 +338,8 @@ class StepCore:
                           signal_tokens=tuple(f.signal_tokens for f in fins) if all(f.signal_tokens for f in fins) else (),
                           tool_latency_s=tuple(x for f in fins for x in f.tool_latency_s),
                           train_tokens=self._train_tokens if self._train_tokens is not None else row.tokens,
-                          role_map=self.role_map, reconfig_s=row.reconfig_s, censored_tokens=self._censored())
+                          role_map=self.role_map, reconfig_s=row.reconfig_s, censored_tokens=self._censored(),
+                          ahead_s=self._ahead_s(batch.step, now))
         self.trained += 1
         self._last_step_end = now
         self._reconfig_s = 0.0
@@ -350,6 +353,14 @@ class StepCore:
             self._checkpoint_s = now
         notes = tuple(self.planner.take_notes()) if self.planner is not None else ()
         return StepEnd(st.admitted_s, row, stats, plan, checkpoint=due, planner_notes=notes)
+
+    def _ahead_s(self, step: int, now: float) -> float:
+        """How long the next step's batch has generated (`StepStats.ahead_s`): a pipelined step's head start."""
+        nxt = None if self.cfg.batch_by_finish else self.steps.get(step + 1)
+        if nxt is None:
+            return 0.0
+        until = self._train_start_s if self.role_map.colocated else now  # colocated ranks pause to train
+        return max(0.0, until - nxt.admitted_s)
 
     def _censored(self) -> tuple[int, ...]:
         """Finish-order batches are a length-biased sample (the first groups to finish): the running

@@ -1,15 +1,15 @@
 """Libra's planner over designs (scheduler/design_planner.py): the design is re-checked on the run's own
 lengths, at most twice, and a switch must pay for itself in the steps left."""
 
+import dataclasses
 import random
-
 import re
 
 import pytest
 
 from scheduler.api import StepStats
 from scheduler.costmodel import get_cost_model
-from scheduler.design import DesignSpace, rank_designs
+from scheduler.design import DesignSpace, colocated_parts, rank_designs
 from scheduler.design_planner import MEASURED_ENDS, DesignPlanner, same_design
 from scheduler.layout import BucketsConfig
 from scheduler.layout_model import Workload
@@ -100,21 +100,35 @@ def test_the_best_design_stays():
     assert planner.forecast_step_s == pytest.approx(best.step_s, rel=0.05)  # rows report it, colocated or not
 
 
-def test_a_colocated_design_forecast_follows_its_lengths():
-    flat = _lengths(128, tail=False)
-    wl = _workload(flat, 4.0)
-    colocated = next(d for d in rank_designs(A800_14B, SPACE, wl, 20) if d.role_map.colocated)
-    planner = _planner(colocated)
-    t = 0.0
-    for step in range(MEASURED_ENDS):  # both checks, the steps measured 1.5x the model's
-        t += 1.5 * colocated.step_s
-        planner.on_step_end(_stats(colocated, flat, step, step_s=1.5 * colocated.step_s, train_factor=4.0), t)
+def test_a_colocated_design_forecasts_its_next_step_from_its_lengths_and_the_next_batchs_head_start():
+    flat, longer = _lengths(128, tail=False), [3 * x for x in _lengths(128, tail=False)]  # trajectories triple
+    colocated = next(d for d in rank_designs(A800_14B, SPACE, _workload(flat, 4.0), 20) if d.role_map.colocated)
+    tp = colocated.role_map.instances[0].tp
+    planner, t = _planner(colocated), 0.0
+
+    def run(lengths, *, rollout_x=1.0, ahead_s=0.0, head_s=0.0):  # one step as the model has it, rollout x rollout_x
+        nonlocal t
+        rollout, _, train, sync = colocated_parts(A800_14B, SPACE, _workload(lengths, 4.0), tp)
+        t += train + sync + max(0.0, rollout * rollout_x - head_s)
+        stats = dataclasses.replace(_stats(colocated, lengths, 0, step_s=1.0, train_factor=4.0), rollout_s=rollout,
+                                    train_s=train, sync_s=sync, ahead_s=ahead_s)
+        planner.on_step_end(stats, t)
+        return rollout, train + sync
+
+    for _ in range(MEASURED_ENDS):  # both checks
+        rollout, train = run(flat)
     assert planner.checks == 2 and same_design(planner.design, colocated)
-    before = planner.forecast_step_s
-    assert before == pytest.approx(1.5 * colocated.step_s, rel=0.05)
-    longer = [3 * x for x in flat]  # the policy's trajectories triple (length_drift)
-    for step in range(MEASURED_ENDS, MEASURED_ENDS + 8):  # a full history of them
-        planner.on_step_end(_stats(colocated, longer, step, step_s=1.5 * colocated.step_s, train_factor=4.0), t)
-    repriced = next(d for d in rank_designs(A800_14B, SPACE, _workload(longer, 4.0), 20) if same_design(d, colocated))
-    assert repriced.step_s > 2 * colocated.step_s
-    assert planner.forecast_step_s == pytest.approx(1.5 * repriced.step_s, rel=0.05)  # as its checks scaled it
+    assert planner.forecast_step_s == pytest.approx(rollout + train)  # nothing generated ahead
+    for _ in range(8):  # a full history of longer trajectories
+        rollout3, train3 = run(longer)
+    assert rollout3 > 2 * rollout and planner.forecast_step_s == pytest.approx(rollout3 + train3)
+    # the next batch has generated a while (a time-shared hybrid): the step is its training and the rest of it
+    run(longer, ahead_s=rollout3 / 2)
+    assert planner.forecast_step_s == pytest.approx(rollout3 / 2 + train3)
+    run(longer, ahead_s=2 * rollout3, head_s=rollout3 / 2)  # done before the training ends
+    assert planner.forecast_step_s == pytest.approx(train3)
+    run(longer, head_s=2 * rollout3)  # the rollout ended before the training: it measures nothing
+    assert planner.forecast_step_s == pytest.approx(rollout3 + train3)
+    for _ in range(8):  # rollouts take 1.5x the model's: the forecast learns it (calibrated as a split's planner is)
+        run(longer, rollout_x=1.5)
+    assert planner.forecast_step_s == pytest.approx(1.5 * rollout3 + train3, rel=0.01)

@@ -409,3 +409,28 @@ def test_a_plan_with_a_new_design_is_applied_by_the_core_at_the_step_end():
     c.on_trained(train_s=1.0)
     assert c.end_step(3.0, sync_s=0.0).plan is plan
     assert (c.cfg.lookahead, c.cfg.batch_by_finish) == (0, True)
+
+
+@pytest.mark.parametrize("colocated", [False, True])
+def test_the_planner_hears_how_long_the_next_batch_has_generated(colocated):
+    from scheduler.layout import colocated_role_map
+
+    planner = FakePlanner()
+    rm = colocated_role_map(world_size=2, tp=1) if colocated else layout()
+    c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1), FakeRouter(), planner, rm)
+    c.start(0.0)
+    admit(c, now=0.0)
+    admit(c, now=2.0)  # the next step starts a step ahead
+    for i in range(2):
+        finish(c, f"s0-{i}", 5.0)
+    c.take_batch(5.0)
+    c.on_trained(train_s=2.5)
+    c.end_step(8.0, sync_s=0.5)
+    # a split's rollout runs on while its trainer trains; colocated ranks stop generating to train
+    assert planner.stats[0].ahead_s == (3.0 if colocated else 6.0)
+    for i in range(2):
+        finish(c, f"s1-{i}", 9.0)
+    c.take_batch(9.0)
+    c.on_trained(train_s=1.0)
+    c.end_step(10.0, sync_s=0.0)
+    assert planner.stats[1].ahead_s == 0.0  # the step after it was not admitted yet
