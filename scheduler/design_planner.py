@@ -166,7 +166,7 @@ class DesignPlanner:
             self._design_step_s = current.step_s * scale
             if same_design(best, current):
                 self._say(f"kept the design {current.label}: the first to the reward target on the lengths measured "
-                          f"({self._design_step_s:.1f} s a step predicted)")
+                          f"({self._design_step_s:.1f} s a step on average predicted)")
                 return None
         switch = switch_of(stats.role_map or self.design.role_map, best.role_map)
         cost = switch_cost_s(self.cm, switch, self.space.world_size)
