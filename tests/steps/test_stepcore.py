@@ -4,6 +4,7 @@ the ledger, stale drops, metrics rows and planner stats, migrations, drains for 
 import pytest
 
 from runlog import METRIC_FIELDS, PREDICTED_KEY, forecast_error
+from scheduler.layout import colocated_role_map
 from steps.commands import CoreConfig, Export, RunState
 from steps.core import StepCore, has_signal
 from stepcore_helpers import BUCKETS, FAIL, FakePlanner, FakeRouter, admit_groups, admit, finish, layout, make_core
@@ -413,8 +414,6 @@ def test_a_plan_with_a_new_design_is_applied_by_the_core_at_the_step_end():
 
 @pytest.mark.parametrize("colocated", [False, True])
 def test_the_planner_hears_how_long_the_next_batch_has_generated(colocated):
-    from scheduler.layout import colocated_role_map
-
     planner = FakePlanner()
     rm = colocated_role_map(world_size=2, tp=1) if colocated else layout()
     c = StepCore(CoreConfig(num_steps=3, max_staleness=1, lookahead=1), FakeRouter(), planner, rm)
