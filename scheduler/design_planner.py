@@ -143,12 +143,11 @@ class DesignPlanner:
         recent = [stats] if stats.trajectory_tokens else self._history  # under drift the last batch is the best guess
         rollout, _, train, sync = colocated_parts(self.cm, self.space, Workload.from_stats(recent),
                                                   self.design.role_map.instances[0].tp)
-        a = self.cfg.scale_ema
-        generated = self._ends[-1] - self._ends[-2] - stats.train_s - stats.sync_s if len(self._ends) >= 2 else 0.0
-        if stats.trajectory_tokens and generated > 0.05 * stats.train_s and rollout > 0:  # the rollout ended the step
-            self._scales.rollout = (1 - a) * self._scales.rollout + a * (generated + head) / rollout
-        if stats.trajectory_tokens and stats.train_s > 0 and train > 0:
-            self._scales.train = (1 - a) * self._scales.train + a * stats.train_s / train
+        if stats.trajectory_tokens:  # calibrated on the step's own batch
+            generated = self._ends[-1] - self._ends[-2] - stats.train_s - stats.sync_s if len(self._ends) >= 2 else 0.0
+            ended_by_rollout = generated > 0.05 * stats.train_s  # else the training ended the step: no rollout measured
+            self._scales.observe(self.cfg.scale_ema, rollout=(generated + head, rollout) if ended_by_rollout else None,
+                                 train=(stats.train_s, train))
         self._design_step_s = (train * self._scales.train + sync
                                + max(0.0, rollout * self._scales.rollout - stats.ahead_s))
 

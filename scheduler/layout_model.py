@@ -156,6 +156,14 @@ class Scales:
     rollout: float = 1.0
     train: float = 1.0
 
+    def observe(self, weight: float, *, rollout: tuple[float, float] | None = None,
+                train: tuple[float, float] | None = None) -> None:
+        """Move each EMA `weight` of the way to a (measured, predicted) pair's ratio (a pair with a zero skipped)."""
+        for name, pair in (("rollout", rollout), ("train", train)):
+            if pair is not None and pair[0] > 0 and pair[1] > 0:
+                ratio = min(1e3, max(1e-3, pair[0] / pair[1]))
+                setattr(self, name, (1 - weight) * getattr(self, name) + weight * ratio)
+
 
 def pipeline_step_s(rollout_s: float, train_s: float, sync_s: float, lookahead: int) -> float:
     """Step period when `lookahead` batches are admitted ahead of the trainer (module docstring, 4)."""

@@ -304,11 +304,7 @@ class GlobalPlanner:
         if rm is None or rm.colocated or not stats.trajectory_tokens:
             return
         _, pred_r, pred_t = self.search.predict(rm, Workload.from_stats([stats]), Scales())
-        a = self.cfg.scale_ema
-        if stats.rollout_s > 0 and pred_r > 0:
-            self.scales.rollout = (1 - a) * self.scales.rollout + a * min(1e3, max(1e-3, stats.rollout_s / pred_r))
-        if stats.train_s > 0 and pred_t > 0:
-            self.scales.train = (1 - a) * self.scales.train + a * min(1e3, max(1e-3, stats.train_s / pred_t))
+        self.scales.observe(self.cfg.scale_ema, rollout=(stats.rollout_s, pred_r), train=(stats.train_s, pred_t))
 
     def _decision(self, c: Choice, rm: RoleMap, cur_s: float, switch: Switch, why: str, payback: str = "") -> PlanDecision:
         details = {"rollout_s": c.rollout_s, "train_s": c.train_s, "sync_s": c.sync_s,
