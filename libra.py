@@ -80,8 +80,10 @@ def _main(argv: list[str] | None) -> int:
             check_run_inputs(cfg, _run_dir(cfg))
         if cfg.run.sim:
             return _simulate(cfg, argv)
-        from engine.runtime.run import plan_placement, placement_table, run, run_compare
+        from engine.runtime.run import plan_placement, placement_table, run, run_compare, start_ranks_early
 
+        if not cfg.run.plan_only:
+            start_ranks_early(cfg)
         cfg, info, role_map = plan_placement(cfg)  # the config as the launcher resolved it (allowed TP degrees)
         if cfg.run.compare:
             return run_compare(cfg, info, _run_dir(cfg))

@@ -1,7 +1,8 @@
 """Spawn ranks, watch them, tear every one down on any exit path.
 
 `spawn(target, num_procs, ...)` starts `num_procs` processes (forkserver with preloaded modules
-on CPU: docs/platform.md measured ~5 s for 8 ranks against 17-28 s with spawn), hosts the TCPStore
+on CPU: docs/platform.md measured ~5 s for 8 ranks against 17-28 s with spawn; `start_forkserver` starts its
+imports early, beside the launcher's planning), hosts the TCPStore
 they rendezvous on, and waits. Each child:
   - dies with its parent (PR_SET_PDEATHSIG); its parent is the forkserver (or the launcher with
     spawn), which exits when the launcher dies, so a SIGKILLed launcher leaves no orphans;
@@ -166,6 +167,16 @@ def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q
         os._exit(1)  # skip destroy_process_group: peers may be gone, it could hang
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def start_forkserver(preload: list[str] | None = None) -> None:
+    """Start the forkserver now, so that it imports `preload` while the launcher still plans the run; `spawn`
+    then finds it running. Both take seconds of CPU (a standalone tiny run on 2 cores: ~2 s planning and ~4 s
+    of forkserver imports, one after the other without this)."""
+    mp.get_context("forkserver").set_forkserver_preload(preload or PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
 
 def spawn(

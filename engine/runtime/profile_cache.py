@@ -112,6 +112,16 @@ def _usable(path: Path, key: dict) -> tuple[Path, HardwareProfile, str] | None:
     return path, profile, f"cached: measured {profile.meta.get('date', '?')} in {profile.meta.get('measured_s', 0):.0f} s"
 
 
+def is_cached(model: str, device: str) -> bool:
+    """Whether `cached_profile` would find a usable entry (and so measure nothing)."""
+    key = fingerprint(model, device)
+    path = entry_path(model, device, key)
+    try:
+        return path.is_file() and _load_entry(path, key) is not None
+    except (ValueError, FileNotFoundError):
+        return False
+
+
 def cached_profile(model: str, device: str, *, refresh: bool = False,
                    measure: Callable[[str, Path], None] = measure_quick) -> tuple[Path, HardwareProfile, str]:
     """(path, profile, how it was got) for this machine: the cached entry, or a new measurement cached."""

@@ -120,6 +120,23 @@ CPU_RANKS_PER_CORE = 4  # more worker ranks than this per core only time-slice t
 RANK_RSS_GB_SMOLLM2 = 0.3  # a SmolLM2 rank's resident set on CPU (64 ranks measured 19.8 GB, issue 33)
 
 
+def start_ranks_early(cfg) -> None:
+    """Start the ranks' forkserver before the launcher plans (`launch.start_forkserver`), unless the run uses
+    spawn, runs under torchrun, or first measures this machine's profile (that measurement wants the cores)."""
+    from scheduler.systems import get_system
+
+    if cfg.launch.start_method != "forkserver" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return
+    if get_system(cfg.run.system).planner and cfg.planner.profile in ("auto", "refresh"):
+        from engine.runtime.profile_cache import is_cached
+
+        if detect(cfg.run.device).kind == "cpu" and (cfg.planner.profile == "refresh" or not is_cached(cfg.run.model, "cpu")):
+            return
+    from engine.runtime.launch import start_forkserver
+
+    start_forkserver()
+
+
 def plan_placement(cfg) -> tuple[object, DeviceInfo, RoleMap]:
     """(the config with `planner.allowed_tp` resolved to the degrees the model splits at, the device, the
     first role map: a resumed run's from its checkpoint). The ranks get this config and never resolve it again."""
