@@ -310,8 +310,10 @@ def other_episode_process_and_workdir(ctx):
     victim, attacker = env.start(env.tasks()[0]), env.start(env.tasks()[1])
     vdir = str(victim.workdir)
     started = victim.workdir / "started"
+    # the victim runs until the attack is over (the host then writes `done` into its work dir), 6 s at most
     runner = threading.Thread(target=victim.execute, args=(call("python", code=(
-        "import time\nopen('started', 'w').close()\ntime.sleep(6)\n")),))
+        "import os, time\nopen('started', 'w').close()\nt0 = time.monotonic()\n"
+        "while not os.path.exists('done') and time.monotonic() - t0 < 6:\n    time.sleep(0.05)\n")),))
     try:
         runner.start()
         deadline = time.monotonic() + 8
@@ -331,9 +333,11 @@ def other_episode_process_and_workdir(ctx):
                 "print('FOUND', len(found), 'SIGNALLED', signalled, 'WROTE', wrote)\n")
         out = attacker.execute(call("python", code=code)).text
         pwned = (victim.workdir / "pwned").exists()
+        (victim.workdir / "done").touch()
         return Outcome(started.exists() and "SIGNALLED [] WROTE []" in out and not pwned,
                        f"victim {'running' if started.exists() else 'never started'}; {out.strip()[:140]}")
     finally:
+        (victim.workdir / "done").touch()
         runner.join()
         attacker.close()
         victim.close()
