@@ -28,6 +28,10 @@ a trajectory trained k versions late is worth gamma^k of a fresh one, gamma meas
 training with forced lags (`python -m bench.convergence --lags 0,1,2,4`).
 Every run writes compare.json/compare.png under `--out` (default `runs/sim-compare-<time>/`), one
 folder per preset, bench and seed.
+- `--peers-from DIR` (with `--tune`): the peers as a previous `--tune` run under DIR found and ran them
+  (its compare.json per preset, bench and seed, same simulated setup), libra's own systems run again:
+  libra, its ablations, libra-partial and the hybrid's tuning. Minutes instead of an hour for a change
+  to libra; after a change to a peer or to the simulator, run the peers again.
 Last line with `--tune`: `libra_time_to_target_vs_best: R`, the best tuned peer's time to the reward
 target over libra's (>= 1: libra is first), the worst over the presets of its mean over the seeds
 (the line before it: `libra_vs_best_baseline`, the same for throughput); without `--tune`:
@@ -44,9 +48,10 @@ import time
 from pathlib import Path
 
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
+from runlog import add_ratios
 from scheduler import systems as sysmod
-from sim.baselines import STALENESS, TUNED, time_to_target, tune
-from sim.run import compare, format_table, play_system, static_splits
+from sim.baselines import STALENESS, TUNED, Tuned, time_to_target, tune
+from sim.run import all_systems, compare, format_table, play_system, static_splits
 
 HYBRID = "libra-hybrid"  # libra's time-shared layout held fixed, tuned like the peers (libra's planner chooses among it and the rest)
 
@@ -208,6 +213,38 @@ def tuned_record(tuned: dict) -> dict:
             for name, t in tuned.items()}
 
 
+def stored_peers(path: Path, cfg) -> tuple[dict, dict]:
+    """(the stored run's summaries of every system not libra's own, {peer: Tuned}) from a `--tune` run's
+    compare.json at `path`, which must have simulated `cfg`'s setup (its planner settings aside: libra's)."""
+    if not path.is_file():
+        raise SystemExit(f"--peers-from: {path} is missing; run `python -m bench.sim_compare` with --tune and the same "
+                         f"presets and seeds (--out DIR) first")
+    stored = json.loads(path.read_text())
+    mine, theirs = ({k: v for k, v in c.items() if k != "planner"} for c in (cfg.to_dict(), stored["config"]))
+    if mine != theirs or "tuned" not in stored:
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise SystemExit(f"--peers-from: {path} simulated another setup (differs in {diff or ['no --tune record']}); "
+                         "run the peers again without --peers-from")
+    peers = {n: v for n, v in stored["systems"].items() if not n.startswith("libra")}
+    tuned = {n: Tuned(n, r["default"], r["best"], r["best_label"],
+                      [(t["label"], t["predicted_step_s"], t["tokens_per_s"]) for t in r["tried"]],
+                      r["to_target"], r["to_target_label"])
+             for n, r in stored["tuned"].items() if n in TUNED}
+    return peers, tuned
+
+
+def compare_libra(cfg, systems: list[str] | None, out: Path, peers: dict) -> dict:
+    """`compare` of libra's own systems (every requested one whose name starts with libra), the others as stored."""
+    names = list(systems) if systems else all_systems()
+    missing = [n for n in names if not n.startswith("libra") and n not in peers]
+    if missing:
+        raise SystemExit(f"--peers-from: the stored run has no {missing}; run them again without --peers-from")
+    result = compare(cfg, [n for n in names if n.startswith("libra")], out)
+    result["systems"] = {n: result["systems"][n] if n.startswith("libra") else peers[n] for n in names}
+    add_ratios(result["systems"])
+    return result
+
+
 def worst_mean(rows: list[tuple[str, str, dict, str]], key: str) -> float:
     """The lowest over (preset, bench) of `key`'s mean over the seeds (nan where libra never reached the target)."""
     runs: dict[tuple[str, str], list[float]] = {}
@@ -233,16 +270,21 @@ def main() -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="paper_a800_48 and paper_910b3_160 on all three benches")
     which.add_argument("--scenarios", action="store_true", help=f"the scenario presets: {', '.join(SCENARIOS)}")
+    p.add_argument("--peers-from", default="", help="with --tune: the peers as a previous --tune run's --out dir has "
+                                                    "them; only libra's own systems run again")
     args = p.parse_args()
     if args.seeds < 1:
         p.error(f"--seeds {args.seeds}: give at least 1")
+    if args.peers_from and not args.tune:
+        p.error("--peers-from reuses a --tune run's tuned peers: give --tune too")
     systems = [s for s in args.systems.split(",") if s] or (ABLATION_SYSTEMS if args.preset == "ablation" else None)
     rows, result = [], None
     root = Path(args.out or f"runs/sim-compare-{time.strftime('%Y%m%d-%H%M%S')}")
     for preset, cfg in _runs(args):
         t0 = time.perf_counter()
         out = root / f"{preset}-{cfg.bench}-seed{cfg.seed}"
-        result = compare(cfg, systems, out)
+        stored = stored_peers(Path(args.peers_from) / out.name / "compare.json", cfg) if args.peers_from else None
+        result = compare_libra(cfg, systems, out, stored[0]) if stored else compare(cfg, systems, out)
         best = None
         if args.all or args.scenarios:
             splits = static_splits(cfg)
@@ -251,7 +293,8 @@ def main() -> None:
         print(format_table(result))
         tuned = {}
         if args.tune:
-            tuned = {name: tune(cfg, name) for name in TUNED if name in result["systems"]}
+            tuned = ({n: t for n, t in stored[1].items() if n in result["systems"]} if stored else
+                     {name: tune(cfg, name) for name in TUNED if name in result["systems"]})
             own = {HYBRID: tune(cfg, HYBRID)} if HYBRID in result["systems"] else {}
             matched = print_tuned(cfg, result, {**tuned, **own})
             result["tuned"] = tuned_record({**tuned, **own})

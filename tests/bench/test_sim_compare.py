@@ -1,10 +1,15 @@
 """bench/sim_compare.py's headline ratios, on hand-made summaries: libra over the fastest tuned peer, the
 soonest tuned peer's time to the target over libra's (inf where only libra gets there, nan where it does not),
-and both forecast errors (per step, and of the mean step)."""
+and both forecast errors (per step, and of the mean step); `--peers-from` reads a stored run's peers only where it
+simulated the same setup."""
 
+import json
 import math
 
-from bench.sim_compare import headline, worst_mean
+import pytest
+
+from bench.presets import get_preset
+from bench.sim_compare import headline, stored_peers, tuned_record, worst_mean
 from sim.baselines import Tuned
 
 
@@ -40,3 +45,24 @@ def test_worst_mean_is_the_lowest_preset_mean_over_seeds():
     rows = [("a", "swe", {"tt/best*": 1.2}, ""), ("a", "swe", {"tt/best*": 0.8}, ""), ("b", "math", {"tt/best*": 0.9}, "")]
     assert worst_mean(rows, "tt/best*") == 0.9
     assert math.isnan(worst_mean(rows + [("c", "swe", {"tt/best*": math.nan}, "")], "tt/best*"))
+
+
+def test_stored_peers_are_read_back_only_for_the_same_setup(tmp_path):
+    cfg = get_preset("heavy_tail", "swe", 0)
+    path = tmp_path / "heavy_tail-swe-seed0" / "compare.json"
+    with pytest.raises(SystemExit, match="is missing; run `python -m bench.sim_compare` with --tune"):
+        stored_peers(path, cfg)
+    tuned = {"colocate": _tuned("colocate", 160.0, 120.0), "libra-hybrid": _tuned("libra-hybrid", 170.0, 110.0)}
+    systems = {"libra": _summary(200.0, 100.0), "libra-no-cmlfq": _summary(180.0, 110.0), "colocate": _summary(100.0, 150.0)}
+    path.parent.mkdir()
+    # libra's own planner settings may differ from the stored run's: they are what a rerun changes
+    other_planner = {**cfg.to_dict(), "planner": {"max_lag": 4}}
+    path.write_text(json.dumps({"config": other_planner, "systems": systems, "tuned": tuned_record(tuned)}))
+    peers, back = stored_peers(path, cfg)
+    assert peers == {"colocate": systems["colocate"]}  # libra's own systems run again
+    assert list(back) == ["colocate"] and back["colocate"].best == tuned["colocate"].best
+    assert back["colocate"].to_target == tuned["colocate"].to_target and back["colocate"].best_label == "best"
+    path.write_text(json.dumps({"config": get_preset("heavy_tail", "swe", 1).to_dict(), "systems": systems,
+                                "tuned": tuned_record(tuned)}))
+    with pytest.raises(SystemExit, match=r"simulated another setup \(differs in \['seed'\]\)"):
+        stored_peers(path, cfg)
