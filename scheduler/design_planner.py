@@ -11,15 +11,16 @@ Algorithm (`DesignPlanner.on_step_end`):
    planner's first re-plan) every design is ranked on the measured workload. Another replaces the design in
    force when the time it takes to make the progress of the steps left (less those already admitted), with its
    pipeline fill and the switch's cost, beats the current design's (already filled, and scaled by how far its
-   own measured steps were from the model: `measured_scale`) by `min_gain_ratio`. A measured price is weighed
-   only against calibrated ones (`_best_move`): the model's first choice as the model prices it, the family
-   in force at another layout times the same scale, and, once a colocated design has measured its rollout
-   and training (3), colocate at any TP as calibrated by them. (A time-shared hybrid on length_drift, seed 1,
-   ran 1.25x its price, its next batch getting less head start than the model's half a rollout, while its
-   rollout ran 1.19x: colocate, calibrated so, was 8.6% sooner, but only the model's first choice was weighed
-   and the run stayed on the hybrid, 0.91 of colocate's time to the target; now it moves, 1.02. Weighed against every
-   candidate as the model prices it, a finish-order split on 48 x A800 search, 1.26x its price, moved to an
-   unmeasured hybrid: 554 s to the target against 440.) The switch's
+   own measured steps were from the model: `measured_scale`, the model priced on those steps' own lengths) by
+   `min_gain_ratio`. (Priced on the history's mean lengths instead, a finish-order split on the default swe
+   preset, seed 1, whose lengths grew, looked 1.33x its price and moved to a hybrid: 2,335 s to the target
+   against 2,123 s staying; on length_drift the same bias made the hybrids look 1.14-1.25x theirs, against
+   1.02-1.08 on their own steps' lengths.) A measured price is weighed only against calibrated ones
+   (`_best_move`): the model's first choice as the model prices it, the family in force at another layout
+   times the same scale, and, once a colocated design has measured its rollout and training (3), colocate at
+   any TP as calibrated by them (a hybrid whose next batch gets no head start runs colocate's step at lag 1:
+   it moves to colocate). Weighed against every candidate as the model prices it, a finish-order split on
+   48 x A800 search, 1.26x its price, moved to an unmeasured hybrid: 554 s to the target against 440. The switch's
    cost: `planner.switch_cost_s`, as the split planner prices a switch; the new design's first step refills the pipeline (leaving
    finish-order batches first drains the groups in flight, `StepCore.set_design`: that bubble is
    the refill's). The current design's figure comes from the same ranking: its
@@ -51,13 +52,15 @@ Algorithm (`DesignPlanner.on_step_end`):
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
 at most two checks; a colocated design forecasts its steps too, following its lengths and the
 next batch's head start; a hybrid measured slower than priced moves to calibrated colocate, not to a
-split the model prices lower but the run has not measured; a switch that
+split the model prices lower but the run has not measured; the measured scale prices the measured steps on
+their own lengths; a switch that
 cannot pay for itself in the steps left is refused; the decision carries the new design's
 lookahead, staleness bound and batching, and a validated role map.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -140,11 +143,20 @@ class DesignPlanner:
         time, else its first step (rollout, training and sync, nothing overlapped) against its fill."""
         if len(self._ends) >= MEASURED_ENDS:
             periods = [b - a for a, b in zip(self._ends[1:], self._ends[2:])]
-            measured, predicted = sum(periods) / len(periods), current.step_s
+            measured, predicted = sum(periods) / len(periods), self._step_on(current, self._history[-len(periods):])
         else:
             first = self._history[0]
             measured, predicted = first.rollout_s + first.train_s + first.sync_s, current.fill_s
         return min(2.0, max(0.5, measured / predicted)) if measured > 0 and predicted > 0 else 1.0
+
+    def _step_on(self, design: Design, steps: list[StepStats]) -> float:
+        """`design`'s step time priced on the lengths of `steps` (those whose periods were measured: under drift the
+        history's mean lengths are not theirs, and the ratio would count the drift as the model's error)."""
+        if not any(s.trajectory_tokens for s in steps):
+            return design.step_s
+        space = dataclasses.replace(self.space, families=(design.system,))
+        ranked = rank_designs(self.cm, space, Workload.from_stats(steps), max(1, self.remaining_steps))
+        return next((d.step_s for d in ranked if same_design(d, design)), design.step_s)
 
     def _reforecast(self, stats: StepStats, head: float) -> None:
         """The next step of the colocated design in force: its training and sync, and the rest of a rollout that has

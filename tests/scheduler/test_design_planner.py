@@ -161,3 +161,20 @@ def test_a_hybrid_measured_slower_than_priced_moves_only_to_a_calibrated_design(
     else:
         assert decision is not None and same_design(planner.design, colocate), planner.take_notes()
         assert planner.take_notes()[-1].startswith(f"moved to the design {colocate.label}: ")
+
+
+def test_the_measured_scale_prices_the_measured_steps_on_their_own_lengths():
+    """Under growing lengths the history's mean lengths are shorter than those of the steps whose periods were
+    measured: steps exactly as the model prices their own lengths measure 1, not the growth."""
+    flat = _lengths(128, tail=False)
+    colocate = next(d for d in rank_designs(A800_14B, SPACE, _workload(flat, 4.0), 20) if d.system == "colocate")
+    tp = colocate.role_map.instances[0].tp
+    planner, t = _planner(colocate), 0.0
+    for step, x in enumerate((1.0, 1.5, 2.0, 2.5)):
+        lengths = [int(x * n) for n in flat]
+        rollout, _, train, sync = colocated_parts(A800_14B, SPACE, _workload(lengths, 4.0), tp)
+        t += rollout + train + sync
+        planner.on_step_end(dataclasses.replace(_stats(colocate, lengths, step, step_s=1.0, train_factor=4.0),
+                                                rollout_s=rollout, train_s=train, sync_s=sync), t)
+    assert planner.checks == 2 and same_design(planner.design, colocate)
+    assert planner.measured_scale(colocate) == pytest.approx(1.0, abs=0.02)
