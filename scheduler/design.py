@@ -247,7 +247,7 @@ def colocated_parts(cm: CostModel, space: DesignSpace, wl: Workload, tp: int) ->
     return rollout, model.throughput_s(rm, wl), train, cm.sync_s(space.world_size, space.world_size, colocated=True)
 
 
-def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload, scales: Scales):
+def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     g = space.world_size
     tps = [t for t in space.allowed_tp if g % t == 0 and t >= cm.min_rollout_tp() and cm.model.tp_divides(t)]
     if not cm.host_fits(g, g):  # every rank holds a trainer shard and a rollout model
@@ -255,22 +255,19 @@ def _colocated_designs(cm: CostModel, space: DesignSpace, wl: Workload, scales: 
     for tp in tps:
         rm = colocated_role_map(world_size=g, tp=tp)
         rollout, thr, train, sync = colocated_parts(cm, space, wl, tp)
-        rollout, thr, train = rollout * scales.rollout, thr * scales.rollout, train * scales.train
         if 0 in space.lag_bounds:
             yield "colocate", 0, rm, rollout + train + sync, rollout + train + sync, None
         if 1 in space.lag_bounds:
             yield "libra-hybrid", 1, rm, train + sync + max(thr, rollout / 2), rollout + train + sync, None
 
 
-def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int,
-                 colocated_scales: Scales | None = None) -> list[Design]:
+def rank_designs(cm: CostModel, space: DesignSpace, wl: Workload, steps: int) -> list[Design]:
     """Every candidate design with its predicted step times, first to `steps` steps' worth of progress first
-    (module docstring); `colocated_scales`: a colocated layout's measured over predicted rollout and training,
-    applied to every colocated candidate."""
+    (module docstring)."""
     splits = _split_designs(cm, space, wl) if {"libra", "libra-partial"} & set(space.families) else ()  # searches
-    colocated = _colocated_designs(cm, space, wl, colocated_scales or Scales())
     out = [Design(system=s, lag=lag, role_map=rm, step_s=step_s, fill_s=fill_s, gamma=space.gamma, trained_lag_bound=bound)
-           for s, lag, rm, step_s, fill_s, bound in (*splits, *colocated) if s in space.families]
+           for s, lag, rm, step_s, fill_s, bound in (*splits, *_colocated_designs(cm, space, wl))
+           if s in space.families]
     if not out:
         finish_order = (" (finish-order batches run below the largest lag allowed, their trained-lag bound: allow 2 with "
                         "--step.max-staleness 2 or --planner.max-lag 2, or bound admission only with "

@@ -8,19 +8,13 @@ Algorithm (`DesignPlanner.on_step_end`):
 1. Within a design, its own planner re-plans (a split's `GlobalPlanner`; a colocated design
    has none) and its forecast is the one the rows report.
 2. At the first length sample (`min_history_trajectories` finished trajectories, as the split
-   planner's first re-plan) every design is ranked on the measured workload. Another replaces the design in
-   force when the time it takes to make the progress of the steps left (less those already admitted), with its
-   pipeline fill and the switch's cost, beats the current design's (already filled, and scaled by how far its
-   own measured steps were from the model: `measured_scale`, the model priced on those steps' own lengths) by
-   `min_gain_ratio`. (Priced on the history's mean lengths instead, a finish-order split on the default swe
-   preset, seed 1, whose lengths grew, looked 1.33x its price and moved to a hybrid: 2,335 s to the target
-   against 2,123 s staying; on length_drift the same bias made the hybrids look 1.14-1.25x theirs, against
-   1.02-1.08 on their own steps' lengths.) A measured price is weighed only against calibrated ones
-   (`_best_move`): the model's first choice as the model prices it, the family in force at another layout
-   times the same scale, and, once a colocated design has measured its rollout and training (3), colocate at
-   any TP as calibrated by them (a hybrid whose next batch gets no head start runs colocate's step at lag 1:
-   it moves to colocate). Weighed against every candidate as the model prices it, a finish-order split on
-   48 x A800 search, 1.26x its price, moved to an unmeasured hybrid: 554 s to the target against 440. The switch's
+   planner's first re-plan) every design is ranked on the measured workload. The best one replaces the design in force when the time it takes to make
+   the progress of the steps left (less those already admitted), with its pipeline fill and the
+   switch's cost, beats the current design's (already filled, and scaled by how far its own
+   measured steps were from the model: `measured_scale`, the model priced on those steps' own
+   lengths) by `min_gain_ratio`. (Priced on the history's mean lengths instead, a finish-order split on
+   the default swe preset, seed 1, whose lengths grew, looked 1.33x its price and moved to a hybrid:
+   2,335 s to the target against 2,123 s staying.) The switch's
    cost: `planner.switch_cost_s`, as the split planner prices a switch; the new design's first step refills the pipeline (leaving
    finish-order batches first drains the groups in flight, `StepCore.set_design`: that bubble is
    the refill's). The current design's figure comes from the same ranking: its
@@ -51,9 +45,7 @@ Algorithm (`DesignPlanner.on_step_end`):
 
 Invariants (tests/scheduler/test_design_planner.py): no switch before the first length sample,
 at most two checks; a colocated design forecasts its steps too, following its lengths and the
-next batch's head start; a hybrid measured slower than priced moves to calibrated colocate, not to a
-split the model prices lower but the run has not measured; the measured scale prices the measured steps on
-their own lengths; a switch that
+next batch's head start; the measured scale prices the measured steps on their own lengths; a switch that
 cannot pay for itself in the steps left is refused; the decision carries the new design's
 lookahead, staleness bound and batching, and a validated role map.
 """
@@ -101,7 +93,6 @@ class DesignPlanner:
         self._design_step_s = design.step_s if math.isfinite(design.step_s) else None
         self._notes: list[str] = []  # what its checks concluded (`take_notes`)
         self._scales, self._ahead_s = Scales(), 0.0  # a colocated design's calibration; the last step's head start
-        self._calibrated = False  # `_scales` has measured a colocated rollout
 
     @property
     def forecast_step_s(self) -> float | None:
@@ -170,29 +161,8 @@ class DesignPlanner:
             ended_by_rollout = generated > 0.05 * stats.train_s  # else the training ended the step: no rollout measured
             self._scales.observe(self.cfg.scale_ema, rollout=(generated + head, rollout) if ended_by_rollout else None,
                                  train=(stats.train_s, train))
-            self._calibrated = self._calibrated or ended_by_rollout
         self._design_step_s = (train * self._scales.train + sync
                                + max(0.0, rollout * self._scales.rollout - stats.ahead_s))
-
-    def _best_move(self, ranked: list[Design], current: Design | None, scale: float, steps: int,
-                   role_map: RoleMap) -> tuple[Design | None, float, float]:
-        """(design, switch cost, time for the progress of `steps` steps with that cost) of the best move away from
-        `current` (priced as measured: `scale` its measured over predicted time), or (None, 0, inf); among the
-        calibrated candidates only (module docstring, 2)."""
-        best, cost, move = None, 0.0, math.inf
-        for i, d in enumerate(ranked):
-            if current is not None and same_design(d, current):
-                continue
-            if current is not None and (d.system, d.lag) == (current.system, current.lag):
-                t = d.time_for(steps) * scale
-            elif current is None or i == 0 or self._calibrated and d.system == "colocate":
-                t = d.time_for(steps)
-            else:
-                continue
-            c = switch_cost_s(self.cm, switch_of(role_map, d.role_map), self.space.world_size)
-            if t + c < move:
-                best, cost, move = d, c, t + c
-        return best, cost, move
 
     def _rechoose(self, stats: StepStats) -> PlanDecision | None:
         wl = Workload.from_stats(self._history)
@@ -200,18 +170,21 @@ class DesignPlanner:
         if steps == 0:
             self._say(f"kept the design {self.design.label}: no step is left for another to pay back in")
             return None
-        # a colocated design in force has calibrated the colocated ones (`_reforecast`)
-        ranked = rank_designs(self.cm, self.space, wl, max(1, steps), self._scales if self._calibrated else None)
+        ranked = rank_designs(self.cm, self.space, wl, max(1, steps))
         current = next((d for d in ranked if same_design(d, self.design)), None)  # None: a family not allowed
+        best = ranked[0]
         scale = self.measured_scale(current) if current is not None else 1.0
-        stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
-        best, cost, move = self._best_move(ranked, current, scale, steps, stats.role_map or self.design.role_map)
         if current is not None:
             self._design_step_s = current.step_s * scale
-            if best is None or stay < move * (1 + self.cfg.min_gain_ratio) and same_design(ranked[0], current):
+            if same_design(best, current):
                 self._say(f"kept the design {current.label}: the first to the reward target on the lengths measured "
                           f"({self._design_step_s:.1f} s a step on average predicted)")
                 return None
+        switch = switch_of(stats.role_map or self.design.role_map, best.role_map)
+        cost = switch_cost_s(self.cm, switch, self.space.world_size)
+        # the design in force is none the planner may keep (`--planner.design` names another): it moves
+        stay = current.time_for(steps, filled=True) * scale if current is not None else math.inf  # as measured
+        move = best.time_for(steps) + cost  # a switch refills the pipeline
         if stay < move * (1 + self.cfg.min_gain_ratio):
             self._say(f"kept the design {self.design.label}: {best.label} would take {move:.1f} s for the progress of "
                       f"the {steps} step(s) left (the switch's {cost:.1f} s included), against {stay:.1f} s")
@@ -221,7 +194,7 @@ class DesignPlanner:
                   f"as --planner.design {best.system} asks (from {self.design.label})")
         self._say(f"moved to the design {best.label}: {reason}")
         self.design, self.lookahead, self._ends = best, best.lookahead, []
-        self._scales, self._ahead_s, self._calibrated = Scales(), 0.0, False
+        self._scales, self._ahead_s = Scales(), 0.0
         self._design_step_s = best.step_s
         self.inner = self._planner_for(best, self.remaining_steps)
         return PlanDecision(role_map=best.role_map, predicted_step_s=best.step_s,

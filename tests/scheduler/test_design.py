@@ -7,7 +7,7 @@ import random
 import pytest
 
 from scheduler.costmodel import get_cost_model
-from scheduler.design import DesignSpace, cap_prior, colocated_parts, finish_order_sample, rank_designs
+from scheduler.design import DesignSpace, cap_prior, finish_order_sample, rank_designs
 from scheduler.layout import VALID_TP
 from scheduler.layout_model import Scales
 from scheduler.layout_search import LayoutSearch
@@ -47,24 +47,6 @@ def test_every_candidate_validates_and_stays_within_the_lag_bounds():
 def test_without_a_lag_price_the_rate_is_the_inverse_step_time():
     for d in rank_designs(A800_14B, _space(gamma=1.0), _long_tail(), 20):
         assert d.rate == pytest.approx(1 / d.step_s)
-
-
-def test_colocated_scales_price_every_colocated_candidate_as_measured_and_no_split():
-    """`colocated_scales` (a colocated design in force measured them): each colocated candidate's rollout and training
-    times those ratios, at every TP; a split's price is its own planner's to calibrate."""
-    space, wl = _space(), _long_tail()
-    key = lambda d: (d.system, d.lag, d.role_map.describe(version=False))
-    plain = {key(d): d for d in rank_designs(A800_14B, space, wl, 20)}
-    scaled = {key(d): d for d in rank_designs(A800_14B, space, wl, 20, Scales(rollout=2.0, train=3.0))}
-    assert plain.keys() == scaled.keys()
-    for k, d in scaled.items():
-        if not d.role_map.colocated:
-            assert d.step_s == plain[k].step_s
-            continue
-        rollout, thr, train, sync = colocated_parts(A800_14B, space, wl, d.role_map.instances[0].tp)
-        expected = (2 * rollout + 3 * train + sync if d.system == "colocate"
-                    else 3 * train + sync + max(2 * thr, 2 * rollout / 2))
-        assert d.step_s == pytest.approx(expected) and d.fill_s == pytest.approx(2 * rollout + 3 * train + sync)
 
 
 def test_a_dear_lag_makes_the_on_policy_design_first():

@@ -84,7 +84,7 @@ def test_a_switch_that_cannot_pay_in_the_steps_left_is_refused():
         p.on_step_end(_stats(worst, tail[:64], 0, step_s=500.0, tool_s=tool_s), 500.0)
         p.on_step_end(_stats(worst, tail[64:], 1, step_s=500.0, tool_s=tool_s), 1000.0)
         switch_s += re.findall(r"the switch's (\d+\.\d) s", p.take_notes()[0])
-    assert len(switch_s) == 2 and max(float(x) for x in switch_s) < 60, switch_s  # a hand-off's seconds, either way
+    assert len(switch_s) == 2 and switch_s[0] == switch_s[1], switch_s
 
 
 def test_the_best_design_stays():
@@ -132,35 +132,6 @@ def test_a_colocated_design_forecasts_its_next_step_from_its_lengths_and_the_nex
     for _ in range(8):  # rollouts take 1.5x the model's: the forecast learns it (calibrated as a split's planner is)
         run(longer, rollout_x=1.5)
     assert planner.forecast_step_s == pytest.approx(1.5 * rollout3 + train3, rel=0.01)
-
-
-@pytest.mark.parametrize("head_start", [False, True])
-def test_a_hybrid_measured_slower_than_priced_moves_only_to_a_calibrated_design(head_start):
-    """A time-shared hybrid whose next batch gets no head start runs colocate's step at lag 1: measured so at the
-    second check, with its rollout measured as the model has it, it moves to colocate (calibrated by those
-    measurements), not to the split the model prices lower but this run has not measured. With the head start the
-    model expects, it is as priced and stays."""
-    tail = _lengths(128, tail=True)
-    ranked = rank_designs(A800_14B, SPACE, _workload(tail), 20)
-    hybrid = ranked[0]
-    assert hybrid.system == "libra-hybrid" and hybrid.role_map.instances[0].tp == 8
-    colocate = next(d for d in ranked if d.system == "colocate" and d.role_map.instances[0].tp == 8)
-    split = next(d for d in ranked if not d.role_map.colocated)
-    assert split.time_for(20) < colocate.time_for(20)  # weighed as the model prices it, the split would win
-    rollout, _, train, sync = colocated_parts(A800_14B, SPACE, _workload(tail), 8)
-    planner, t, decision = _planner(hybrid), 0.0, None
-    for step in range(MEASURED_ENDS):
-        head = rollout / 2 if head_start and step else 0.0  # the previous step's batch had generated this long
-        t += train + sync + rollout - head
-        stats = dataclasses.replace(_stats(hybrid, tail, step, step_s=1.0), rollout_s=rollout, train_s=train,
-                                    sync_s=sync, ahead_s=rollout / 2 if head_start else 0.0)
-        decision = planner.on_step_end(stats, t) or decision
-    assert planner.checks == 2
-    if head_start:
-        assert decision is None and same_design(planner.design, hybrid)
-    else:
-        assert decision is not None and same_design(planner.design, colocate), planner.take_notes()
-        assert planner.take_notes()[-1].startswith(f"moved to the design {colocate.label}: ")
 
 
 def test_the_measured_scale_prices_the_measured_steps_on_their_own_lengths():
