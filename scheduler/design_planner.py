@@ -130,8 +130,9 @@ class DesignPlanner:
         self._notes.append(note)
 
     def measured_scale(self, current: Design) -> float:
-        """Measured over predicted time of the design in force: its steps after the first against its step
-        time, else its first step (rollout, training and sync, nothing overlapped) against its fill."""
+        """Measured over predicted time of the design in force: its steps after the first against its step time on
+        those steps' lengths (`_step_on`), else its first step (rollout, training and sync, nothing overlapped)
+        against its fill."""
         if len(self._ends) >= MEASURED_ENDS:
             periods = [b - a for a, b in zip(self._ends[1:], self._ends[2:])]
             measured, predicted = sum(periods) / len(periods), self._step_on(current, self._history[-len(periods):])
