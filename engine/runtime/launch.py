@@ -36,6 +36,7 @@ results and no child left alive.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import logging
@@ -172,11 +173,32 @@ def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q
 def start_forkserver(preload: list[str] | None = None) -> None:
     """Start the forkserver now, so that it imports `preload` while the launcher still plans the run; `spawn`
     then finds it running. Both take seconds of CPU (a standalone tiny run on 2 cores: ~2 s planning and ~4 s
-    of forkserver imports, one after the other without this)."""
+    of forkserver imports, one after the other without this). It is killed when the launcher exits: one
+    that a start-up error ended before any rank started would finish its imports first, holding the
+    launcher's stdout and stderr (and whoever waits on them) that long."""
     mp.get_context("forkserver").set_forkserver_preload(preload or PRELOAD)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
+    global _stop_registered
+    if not _stop_registered:
+        _stop_registered = True
+        atexit.register(_stop_forkserver)
+
+
+_stop_registered = False
+
+
+def _stop_forkserver() -> None:
+    """At exit (`start_forkserver`): every rank is gone by then (`spawn` kills them all on any exit path)."""
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid  # the stdlib keeps it private; the pid is all this needs
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def spawn(
