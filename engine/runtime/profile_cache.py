@@ -100,26 +100,23 @@ def _load_entry(path: Path, key: dict) -> HardwareProfile:
     return profile
 
 
-def _usable(path: Path, key: dict) -> tuple[Path, HardwareProfile, str] | None:
+def _usable(path: Path, key: dict, *, warn: bool = True) -> tuple[Path, HardwareProfile, str] | None:
     """The cached entry as `cached_profile` returns it; None (warned when a file is there) when it is not usable."""
     if not path.is_file():
         return None
     try:
         profile = _load_entry(path, key)
     except (ValueError, FileNotFoundError) as exc:
-        log.warning("[libra] cached profile %s is unusable (%s); measuring this machine again", path, exc)
+        if warn:
+            log.warning("[libra] cached profile %s is unusable (%s); measuring this machine again", path, exc)
         return None
     return path, profile, f"cached: measured {profile.meta.get('date', '?')} in {profile.meta.get('measured_s', 0):.0f} s"
 
 
 def is_cached(model: str, device: str) -> bool:
-    """Whether `cached_profile` would find a usable entry (and so measure nothing)."""
+    """Whether `cached_profile` would find a usable entry (and so measure nothing); it warns, this does not."""
     key = fingerprint(model, device)
-    path = entry_path(model, device, key)
-    try:
-        return path.is_file() and _load_entry(path, key) is not None
-    except (ValueError, FileNotFoundError):
-        return False
+    return _usable(entry_path(model, device, key), key, warn=False) is not None
 
 
 def cached_profile(model: str, device: str, *, refresh: bool = False,

@@ -66,7 +66,7 @@ def cost_model_for(cfg, info: DeviceInfo):
     if not get_system(cfg.run.system).planner:  # nothing plans: measure nothing, say nothing
         return _analytic_cost_model(cfg.run.model, info.kind)
     mode = cfg.planner.profile or "none"
-    if mode in ("auto", "refresh") and info.kind == "cpu":
+    if _plans_on_this_machine(cfg, info.kind):
         from engine.runtime.profile_cache import cached_profile
 
         path, profile, how = cached_profile(cfg.run.model, info.kind, refresh=mode == "refresh")
@@ -90,6 +90,13 @@ def cost_model_for(cfg, info: DeviceInfo):
         log.info("[libra] planner costs: the analytic %s tables (engine.runtime.profile measures CPU runs only; pass "
                  "--planner.profile PATH for a measured one)", cost.hw.name)
     return cost
+
+
+def _plans_on_this_machine(cfg, kind: str) -> bool:
+    """Whether the planner's costs are this machine's cached profile (`cost_model_for`; measured first on a miss)."""
+    from scheduler.systems import get_system
+
+    return get_system(cfg.run.system).planner and cfg.planner.profile in ("auto", "refresh") and kind == "cpu"
 
 
 def warn_host_memory(cost_model, role_map: RoleMap) -> None:
@@ -123,14 +130,12 @@ RANK_RSS_GB_SMOLLM2 = 0.3  # a SmolLM2 rank's resident set on CPU (64 ranks meas
 def start_ranks_early(cfg) -> None:
     """Start the ranks' forkserver before the launcher plans (`launch.start_forkserver`), unless the run uses
     spawn, runs under torchrun, or first measures this machine's profile (that measurement wants the cores)."""
-    from scheduler.systems import get_system
-
     if cfg.launch.start_method != "forkserver" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return
-    if get_system(cfg.run.system).planner and cfg.planner.profile in ("auto", "refresh"):
+    if _plans_on_this_machine(cfg, detect(cfg.run.device).kind):
         from engine.runtime.profile_cache import is_cached
 
-        if detect(cfg.run.device).kind == "cpu" and (cfg.planner.profile == "refresh" or not is_cached(cfg.run.model, "cpu")):
+        if cfg.planner.profile == "refresh" or not is_cached(cfg.run.model, "cpu"):
             return
     from engine.runtime.launch import start_forkserver
 
