@@ -223,7 +223,7 @@ def grader_hang_is_a_scored_timeout(ctx):
 
     from envs.swe import env as swe
 
-    limit_s = 3.0
+    limit_s = 2.0  # both cases time out by design: a short deadline checks the same
     env = swe.SweEnv(seed=0, sandbox_cfg=ctx.sandbox_cfg(timeout_s=limit_s, max_concurrent=1),
                      cfg=swe.SweConfig(test_timeout_s=limit_s))
     task = next(t for t in env.tasks() if t.meta["file"] == "calc/evaluator.py" and t.level == 0)
@@ -241,9 +241,9 @@ def grader_hang_is_a_scored_timeout(ctx):
                     busy = None
                 else:
                     env.grader.suite(ep._reference())
-                    with env.sandbox.workdir("busy") as w:  # the only slot, taken for longer than the deadline
-                        busy = threading.Thread(target=env.sandbox.run, args=(["sleep", str(limit_s + 3)],),
-                                                kwargs={"cwd": w, "timeout_s": limit_s + 4})
+                    with env.sandbox.workdir("busy") as w:  # the only slot, held 1.5 s past the submit's deadline
+                        busy = threading.Thread(target=env.sandbox.run, args=(["sleep", str(limit_s + 2)],),
+                                                kwargs={"cwd": w, "timeout_s": limit_s + 3})
                         busy.start()
                         time.sleep(0.5)
                         t0 = time.monotonic()
