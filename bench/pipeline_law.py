@@ -21,9 +21,10 @@ For each layout of `CASES` (a tuned peer's kind of layout, held fixed: `static` 
 Last line `pipeline_law_error: E`, the largest |law / P - 1|.
 
 The candidate model is not the planner's (docs/benchmarks.md, "The pipelined split's period"): priced at the
-simulated period, its per-token time in the batch is 0.5-0.7 of the simulator's, which the burstiness of admission
-explains only in part; it takes a group's slowest as n independent draws (a prompt's samples are alike, so the
-simulated groups' slowest is shorter) and leaves out what a high-TP bucket does for the tail.
+simulated period, its per-token time in the batch is 0.5-0.7 of the simulator's, the burstiness of admission it
+leaves out (joins come when batches are full, so a sequence sees 1.5x the instances' share of stalls; the batch
+while busy is above the all-time mean); it takes a group's slowest as n independent draws (a prompt's samples are
+alike, so the simulated groups' slowest is shorter) and leaves out what a high-TP bucket does for the tail.
 
 Invariants (tests/bench/test_pipeline_law.py): the order-statistic weights are exact; the candidate's period is
 never below training and sync, shrinks as the lag grows and as instances are added, is longer for step batches
