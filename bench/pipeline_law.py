@@ -164,7 +164,6 @@ def measure(case: Case, seed: int = 0) -> dict:
     slowest = statistics.mean(spans)
     train_sync = statistics.mean(r["train_s"] + r["sync_s"] for r in rows[k0:-1])
     law = max(train_sync, (slowest + train_sync) / (case.lag + (0.5 if case.by_finish else 1.0)))
-    finished = [t for s in stats for t in s.trajectory_tokens]
     sample = Workload.from_stats(stats)
     unbiased = Workload.from_stats([dataclasses.replace(s, censored_tokens=()) for s in stats])  # the finished only
     model = LayoutModel(cost_model_of(cfg), single, max_batch=cfg.max_seqs_per_instance, lookahead=case.lag)
@@ -174,7 +173,7 @@ def measure(case: Case, seed: int = 0) -> dict:
                                    sync_s=model.cm.sync_s(len(rm.rollout_ranks), len(rm.trainer_ranks)))
     return {"case": case, "layout": rm.describe(version=False), "period_s": period, "slowest_s": slowest,
             "train_sync_s": train_sync, "law_s": law, "planner_s": planner, "occupancy_s": occupancy,
-            "sample_mean": statistics.mean(sample.trajectory_tokens), "finished_mean": statistics.mean(finished)}
+            "sample_mean": statistics.mean(sample.trajectory_tokens), "finished_mean": statistics.mean(unbiased.trajectory_tokens)}
 
 
 def main() -> None:

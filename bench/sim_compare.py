@@ -213,6 +213,12 @@ def tuned_record(tuned: dict) -> dict:
             for name, t in tuned.items()}
 
 
+def libras_own(name: str) -> bool:
+    """Whether `name` is one of libra's own systems (libra, its ablations, libra-partial, libra-hybrid): what
+    `--peers-from` runs again."""
+    return name.startswith("libra")
+
+
 def stored_peers(path: Path, cfg) -> tuple[dict, dict]:
     """(the stored run's summaries of every system not libra's own, {peer: Tuned}) from a `--tune` run's
     compare.json at `path`, which must have simulated `cfg`'s setup (its planner settings aside: libra's)."""
@@ -225,7 +231,7 @@ def stored_peers(path: Path, cfg) -> tuple[dict, dict]:
         diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         raise SystemExit(f"--peers-from: {path} simulated another setup (differs in {diff or ['no --tune record']}); "
                          "run the peers again without --peers-from")
-    peers = {n: v for n, v in stored["systems"].items() if not n.startswith("libra")}
+    peers = {n: v for n, v in stored["systems"].items() if not libras_own(n)}
     tuned = {n: Tuned(n, r["default"], r["best"], r["best_label"],
                       [(t["label"], t["predicted_step_s"], t["tokens_per_s"]) for t in r["tried"]],
                       r["to_target"], r["to_target_label"])
@@ -236,11 +242,11 @@ def stored_peers(path: Path, cfg) -> tuple[dict, dict]:
 def compare_libra(cfg, systems: list[str] | None, out: Path, peers: dict) -> dict:
     """`compare` of libra's own systems (every requested one whose name starts with libra), the others as stored."""
     names = list(systems) if systems else all_systems()
-    missing = [n for n in names if not n.startswith("libra") and n not in peers]
+    missing = [n for n in names if not libras_own(n) and n not in peers]
     if missing:
         raise SystemExit(f"--peers-from: the stored run has no {missing}; run them again without --peers-from")
-    result = compare(cfg, [n for n in names if n.startswith("libra")], out)
-    result["systems"] = {n: result["systems"][n] if n.startswith("libra") else peers[n] for n in names}
+    result = compare(cfg, [n for n in names if libras_own(n)], out)
+    result["systems"] = {n: result["systems"][n] if libras_own(n) else peers[n] for n in names}
     add_ratios(result["systems"])
     return result
 

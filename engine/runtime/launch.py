@@ -170,6 +170,9 @@ def _child(rank, world_size, port, info, threads, timeout_s, target, args, out_q
         dist.destroy_process_group()
 
 
+_stop_registered = False  # `_stop_forkserver` is registered at exit (once)
+
+
 def start_forkserver(preload: list[str] | None = None) -> None:
     """Start the forkserver now, so that it imports `preload` while the launcher still plans the run; `spawn`
     then finds it running. Both take seconds of CPU (a standalone tiny run on 2 cores: ~2 s planning and ~4 s
@@ -184,9 +187,6 @@ def start_forkserver(preload: list[str] | None = None) -> None:
     if not _stop_registered:
         _stop_registered = True
         atexit.register(_stop_forkserver)
-
-
-_stop_registered = False
 
 
 def _stop_forkserver() -> None:
