@@ -201,9 +201,12 @@ def lookahead_of(system: str, max_staleness: int, *, colocated: bool | None = No
 def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_steps: int,
                  cfg: PlannerConfig | None = None, current: RoleMap | None = None,
                  buckets: BucketsConfig | None = None, max_staleness: int = 1, *, group_size: int = 8,
-                 design: Design | None = None, gamma: float = MEASURED_LAG_GAMMA, within_design: bool = False):
+                 design: Design | None = None, gamma: float = MEASURED_LAG_GAMMA, within_design: bool = False,
+                 lookahead: int | None = None):
     """The system's planner (None when it has none), its flags forced from the system spec and its
-    step model told how far the pipeline runs ahead (`lookahead_of`).
+    step model told how far the pipeline runs ahead (`lookahead`: the steps the core admits ahead of the
+    trainer; None: `lookahead_of`, which a design overrides: a finish-order design runs its lag ahead and
+    bounds the trained lag above it).
 
     For a system that chooses its design (libra) on a cost model that can price a split: the
     `DesignPlanner` over the design in force (`design`, the one chosen on the bench's prior; None:
@@ -225,9 +228,9 @@ def make_planner(system: str, world_size: int, cost_model: CostModel, remaining_
 
         def planner_for(d: Design, remaining: int):
             return make_planner(d.system, world_size, cost_model, remaining, cfg, current=d.role_map, buckets=buckets,
-                                max_staleness=d.max_staleness, within_design=True)
+                                max_staleness=d.max_staleness, within_design=True, lookahead=d.lookahead)
         return DesignPlanner(cost_model, space, design, remaining_steps, cfg=cfg, planner_for=planner_for,
                              lookahead=design.lookahead)
     cfg = dataclasses.replace(cfg, heterogeneous=spec.heterogeneous, allow_realloc=spec.realloc)
     return GlobalPlanner(cfg, cost_model, world_size, remaining_steps, current=current, buckets=buckets,
-                         lookahead=lookahead_of(system, max_staleness))
+                         lookahead=lookahead_of(system, max_staleness) if lookahead is None else lookahead)

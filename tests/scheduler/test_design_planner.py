@@ -149,3 +149,16 @@ def test_the_measured_scale_prices_the_measured_steps_on_their_own_lengths():
                                                 rollout_s=rollout, train_s=train, sync_s=sync), t)
     assert planner.checks == 2 and same_design(planner.design, colocate)
     assert planner.measured_scale(colocate) == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_split_planner_within_a_finish_order_design_runs_at_its_lookahead_not_its_trained_lag_bound():
+    """A finish-order design at lag 2 bounds the trained lag at 4 (the step core's `max_staleness`) but admits 2 steps
+    ahead; its split planner prices the pipeline at those 2 (priced at 4, it divided a batch's rollout by 5 where 3
+    share it)."""
+    space = DesignSpace(world_size=16, buckets=BucketsConfig(max_tokens=(4096, 12288)).buckets(), lag_bounds=(0, 1, 2, 4))
+    design = next(d for d in rank_designs(A800_14B, space, _workload(_lengths(256, tail=True)), 20)
+                  if d.system == "libra-partial" and d.lag == 2)
+    assert (design.lookahead, design.max_staleness) == (2, 4)
+    planner = make_planner("libra", 16, A800_14B, 20, PlannerConfig(max_lag=4), current=design.role_map,
+                           max_staleness=4, design=design)
+    assert planner.lookahead == planner.inner.lookahead == 2
