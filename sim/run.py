@@ -94,8 +94,10 @@ class RealSetup:
     planner: PlannerConfig
 
 
-def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False, real: RealSetup | None = None) -> SystemParts:
-    """The system's router, planner and first layout; `clairvoyant` swaps in the oracle's router."""
+def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False, real: RealSetup | None = None,
+                 design: Design | None = None) -> SystemParts:
+    """The system's router, planner and first layout; `clairvoyant` swaps in the oracle's router; `design`: a design of
+    libra's (scheduler/design.py) held for the whole run, without a planner (`bench.design_prices` prices each)."""
     spec = sysmod.get_system(system)
     if real is not None:
         planner = sysmod.make_planner(system, real.role_map.world_size, cost, cfg.steps, cfg=real.planner,
@@ -109,11 +111,13 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
     buckets = buckets_of(cfg)
     # The planner plans for the batch cap the simulated engines enforce (per instance, as vLLM's max_num_seqs).
     pcfg = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)
-    design = choose_design(cfg, cost, buckets) if spec.chooses_design and not clairvoyant else None
+    held = design is not None
+    if not held:
+        design = choose_design(cfg, cost, buckets) if spec.chooses_design and not clairvoyant else None
     if design is not None:
-        planner = sysmod.make_planner(system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=design.role_map,
-                                      buckets=buckets, max_staleness=cfg.max_staleness,
-                                      group_size=cfg.samples_per_prompt, design=design, gamma=cfg.lag_gamma)
+        planner = None if held else sysmod.make_planner(
+            system, cfg.num_devices, cost, cfg.steps, cfg=pcfg, current=design.role_map, buckets=buckets,
+            max_staleness=cfg.max_staleness, group_size=cfg.samples_per_prompt, design=design, gamma=cfg.lag_gamma)
         # libra's own router (C-MLFQ) under every design, as the real runtime runs it: on a colocated layout
         # (one bucket) it admits to the least-loaded instance and never migrates
         return SystemParts(router=sysmod.make_router(system, rcfg), role_map=design.role_map, planner=planner,
@@ -154,9 +158,9 @@ ORACLE_BASES = ("libra", "libra-homogeneous", "static", "colocate", "libra-hybri
 
 
 def _play(cfg: SimConfig, system: str, cost, record: bool, clairvoyant: bool = False, fixed: RoleMap | None = None,
-          real: RealSetup | None = None):
+          real: RealSetup | None = None, design: Design | None = None):
     """One schedule; `clairvoyant`: the oracle's router, longest-first admission, free sync and reconfiguration."""
-    parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real)
+    parts = build_system(system, cfg, cost, clairvoyant=clairvoyant, real=real, design=design)
     if parts.max_staleness is not None:
         cfg = cfg.replace(max_staleness=parts.max_staleness)
     if fixed is not None:
@@ -219,9 +223,10 @@ def cost_model_of(cfg: SimConfig):
 
 def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layouts=(),
                 real: RealSetup | None = None, layout: RoleMap | None = None,
-                stats_out: list | None = None) -> tuple[dict, list[dict], list, list]:
+                stats_out: list | None = None, design: Design | None = None) -> tuple[dict, list[dict], list, list]:
     """(summary, metrics rows, admitted requests, layouts worth trying) of one simulated system;
     `layout`: hold this role map for the whole run instead of the system's first layout and planner;
+    `design`: hold this design of libra's (`system` libra) instead of choosing and re-planning one;
     `stats_out`: receives the run's StepStats (what a planner would have seen)."""
     t0 = time.perf_counter()
     cost = cost_model_of(cfg)
@@ -230,7 +235,7 @@ def play_system(cfg: SimConfig, system: str, record: bool = False, oracle_layout
     best = None
     candidates = _candidates(system, oracle_layouts) if layout is None else [(system, layout, False)]
     for base, fixed, clairvoyant in candidates:
-        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=clairvoyant, fixed=fixed, real=real)
+        layouts, parts, sim = _play(cfg, base, cost, record, clairvoyant=clairvoyant, fixed=fixed, real=real, design=design)
         if best is None or sim.rows[-1]["time_s"] < best[2].rows[-1]["time_s"]:
             source = base if fixed is None else "fixed " + fixed.describe()
             best = (layouts, parts, sim, source if clairvoyant or system != ORACLE else source + " (own router)")
