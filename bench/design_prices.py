@@ -19,14 +19,13 @@ simulated time to the target of the ranking's first over the fastest design's (1
 lengths, chose the fastest it knows).
 
 Invariants (tests/bench/test_design_prices.py): a held design runs as priced (its layout, lookahead and batching, no
-planner moves); the regret is at least 1 and a preset's rows cover every family the ranking offers.
+planner moves); a preset's rows cover every family the ranking offers, each once.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 
 from scheduler.design import Design, design_space, rank_designs
 from scheduler.layout_model import Workload
@@ -40,8 +39,8 @@ def family(d: Design) -> tuple[str, int]:
     return d.system, d.lag
 
 
-def candidates(cfg, cost) -> tuple[Workload, list[Design]]:
-    """The run's finished lengths (a static run's) and the ranking's best design of each family and lag on them."""
+def candidates(cfg, cost) -> list[Design]:
+    """The ranking's best design of each family and lag on the run's finished lengths (a static run's)."""
     from sim.run import buckets_of, play_system
 
     stats: list = []
@@ -53,7 +52,7 @@ def candidates(cfg, cost) -> tuple[Workload, list[Design]]:
     firsts: dict[tuple[str, int], Design] = {}
     for d in rank_designs(cost, space, wl, cfg.steps):  # best first: keep each family's first
         firsts.setdefault(family(d), d)
-    return wl, list(firsts.values())
+    return list(firsts.values())
 
 
 def simulate(cfg, design: Design) -> dict:
@@ -73,11 +72,10 @@ def measure(preset: str, bench: str, seed: int = 0) -> dict:
 
     cfg = get_preset(preset, bench, seed)
     cost = cost_model_of(cfg)
-    _, designs = candidates(cfg, cost)
     rows = []
-    for rank, d in enumerate(designs):
+    for d in candidates(cfg, cost):  # ranked first to last
         sim = simulate(cfg, d)
-        rows.append({"rank": rank, "label": d.label, "price_s": d.step_s, "period_s": sim["period_s"],
+        rows.append({"label": d.label, "price_s": d.step_s, "period_s": sim["period_s"],
                      "predicted_ttt_s": d.time_for(cfg.steps), "ttt_s": sim["ttt_s"]})
     best = min(rows, key=lambda r: r["ttt_s"])
     return {"preset": preset, "bench": bench, "rows": rows, "regret": rows[0]["ttt_s"] / best["ttt_s"],
@@ -98,7 +96,7 @@ def main() -> None:
             print(f"{preset + ' ' + bench:<24} {r['label']:<58} {r['price_s']:>8.1f} {r['period_s']:>9.1f} "
                   f"{r['price_s'] / r['period_s']:>8.2f} {r['ttt_s']:>8.0f} {r['predicted_ttt_s'] / r['ttt_s']:>14.2f}")
         print(f"{'':<24} ranked first over the fastest ({m['fastest']}): {m['regret']:.3f}", flush=True)
-        regret = max(regret, m["regret"]) if math.isfinite(m["regret"]) else math.inf
+        regret = max(regret, m["regret"])
     print("price/P: the ranking's step time over the simulated period; ranked ttt/sim: the ranking's time to the run's "
           "worth of progress over the simulated time to the reward target (only its order across designs matters)")
     print(f"design_regret: {regret:.3f}")
