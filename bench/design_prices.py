@@ -25,9 +25,9 @@ planner moves); a preset's rows cover every family the ranking offers, each once
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from scheduler.design import Design, design_space, rank_designs
+from bench.pipeline_law import filled_period_s
+from scheduler.design import Design, rank_designs
 from scheduler.layout_model import Workload
 
 PAPER = tuple((p, b) for p in ("paper_a800_48", "paper_910b3_160") for b in ("swe", "search", "math"))
@@ -41,16 +41,13 @@ def family(d: Design) -> tuple[str, int]:
 
 def candidates(cfg, cost) -> list[Design]:
     """The ranking's best design of each family and lag on the run's finished lengths (a static run's)."""
-    from sim.run import buckets_of, play_system
+    from sim.run import buckets_of, design_space_of, play_system
 
     stats: list = []
     play_system(cfg, "static", stats_out=stats)
-    wl = Workload.from_stats(stats)
-    planner = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance, max_lag=MAX_LAG)
-    space = design_space(world_size=cfg.num_devices, buckets=buckets_of(cfg).buckets(), planner=planner,
-                         max_staleness=cfg.max_staleness, group_size=cfg.samples_per_prompt, gamma=cfg.lag_gamma)
+    space = design_space_of(cfg, buckets_of(cfg), max_lag=MAX_LAG)
     firsts: dict[tuple[str, int], Design] = {}
-    for d in rank_designs(cost, space, wl, cfg.steps):  # best first: keep each family's first
+    for d in rank_designs(cost, space, Workload.from_stats(stats), cfg.steps):  # best first: keep each family's first
         firsts.setdefault(family(d), d)
     return list(firsts.values())
 
@@ -61,9 +58,7 @@ def simulate(cfg, design: Design) -> dict:
     from sim.run import play_system
 
     summary, rows, _, _ = play_system(cfg, "libra", design=design)
-    k0, last = len(rows) // 4, rows[-2]  # the pipeline has filled; the last step drains
-    period = (last["time_s"] - rows[k0]["time_s"]) / (last["step"] - rows[k0]["step"])
-    return {"period_s": period, "ttt_s": time_to_target(summary)}
+    return {"period_s": filled_period_s(rows)[1], "ttt_s": time_to_target(summary)}
 
 
 def measure(preset: str, bench: str, seed: int = 0) -> dict:

@@ -138,6 +138,13 @@ def design_price_s(model: LayoutModel, rm: RoleMap, wl: Workload, *, lag: int, b
                model.throughput_s(rm, wide) / (lag + 1))
 
 
+def filled_period_s(rows: list[dict]) -> tuple[int, float]:
+    """(k0, the mean period from row k0 on): steps from a quarter of the run on (the pipeline has filled), the last
+    left out (it drains)."""
+    k0, last = len(rows) // 4, rows[-2]
+    return k0, (last["time_s"] - rows[k0]["time_s"]) / (last["step"] - rows[k0]["step"])
+
+
 def measure(case: Case, seed: int = 0) -> dict:
     """Simulate `case`'s layout held fixed and price it (module docstring)."""
     from bench.presets import get_preset
@@ -153,9 +160,8 @@ def measure(case: Case, seed: int = 0) -> dict:
     stats: list = []
     _, rows, admitted, _ = play_system(cfg, "partial-rollout" if case.by_finish else "static", layout=rm, record=True,
                                        stats_out=stats)
-    k0 = len(rows) // 4  # the pipeline has filled
-    t0, last = rows[k0]["time_s"], rows[-2]  # the last step drains: left out
-    period = (last["time_s"] - t0) / (last["step"] - rows[k0]["step"])
+    k0, period = filled_period_s(rows)
+    t0 = rows[k0]["time_s"]
     by: dict = {}
     for req in admitted:
         by.setdefault(req.group_id if case.by_finish else req.batch, []).append(req)

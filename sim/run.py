@@ -36,7 +36,7 @@ from pathlib import Path
 from runlog import add_ratios, format_table, peak_rss_mb, plot_compare, summarize, trajectory_lags
 from scheduler import systems as sysmod
 from scheduler.costmodel import get_cost_model
-from scheduler.design import Design, design_space, rank_designs
+from scheduler.design import Design, DesignSpace, design_space, rank_designs
 from scheduler.design_planner import DesignPlanner
 from scheduler.layout import MAX_SEQS_PER_INSTANCE, BucketsConfig, RoleMap
 from scheduler.planner import PlannerConfig
@@ -134,6 +134,15 @@ def build_system(system: str, cfg: SimConfig, cost, *, clairvoyant: bool = False
                        bound_trained_lag=spec.chooses_design and cfg.planner.bound_trained_lag)
 
 
+def design_space_of(cfg: SimConfig, buckets: BucketsConfig, *, max_lag: int | None = None) -> DesignSpace:
+    """What libra's designs may use on `cfg`'s cluster (`scheduler.design.design_space`), its engines' batch cap as
+    build_system's; `max_lag`: a lag range other than the config's planner's."""
+    planner = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance,
+                                  max_lag=cfg.planner.max_lag if max_lag is None else max_lag)
+    return design_space(world_size=cfg.num_devices, buckets=buckets.buckets(), planner=planner,
+                        max_staleness=cfg.max_staleness, group_size=cfg.samples_per_prompt, gamma=cfg.lag_gamma)
+
+
 def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None:
     """Libra's design before step 1 (scheduler/design.py), on the bench's prior (`sim.workload.prior_workload`:
     its default profile, not the preset's overrides nor its seed); the planner re-checks it on the run's own
@@ -143,10 +152,7 @@ def choose_design(cfg: SimConfig, cost, buckets: BucketsConfig) -> Design | None
                            samples_per_prompt=cfg.samples_per_prompt, train_epochs=cfg.train_epochs)
     if prior is None or cfg.trace_dir is not None:
         return None
-    planner = dataclasses.replace(cfg.planner, max_batch=cfg.max_seqs_per_instance)  # the engines' cap, as build_system's
-    space = design_space(world_size=cfg.num_devices, buckets=buckets.buckets(), planner=planner,
-                         max_staleness=cfg.max_staleness, group_size=cfg.samples_per_prompt, gamma=cfg.lag_gamma)
-    ranked = rank_designs(cost, space, prior, cfg.steps)
+    ranked = rank_designs(cost, design_space_of(cfg, buckets), prior, cfg.steps)
     log.info("[libra sim] design before step 1: %s", "; ".join(f"{d.label} {d.step_s:.0f}s/step rate {d.rate * 1e3:.2f}"
                                                                for d in ranked[:4]))
     return ranked[0]
