@@ -127,6 +127,23 @@ def test_after_each_step_it_forecasts_the_next_on_the_layout_in_force():
     assert p.forecast_step_s == p.search.predict(p.current, wl, p.scales)[0] > 0
 
 
+def test_its_forecast_learns_the_level_of_the_measured_periods_and_the_layout_stays():
+    # the model's level is off (here each step takes 1.6x its step time): the forecast follows the measured periods
+    lens = _lengths(3, 128, 1500, 1.5, 16000)
+    p = GlobalPlanner(PlannerConfig(interval_steps=100), GPU, 32, 1000)
+    first = p.plan(Workload(trajectory_tokens=lens, num_trajectories=128, train_tokens=1e5))
+    stats = StepStats(step=0, rollout_s=first.details["rollout_s"], train_s=first.details["train_s"],
+                      trajectory_tokens=lens, train_tokens=int(1e5), role_map=first.role_map)
+    p.on_step_end(stats, 1.0)  # the first forecast: no period yet to check it against
+    model_s, now, errors = p.forecast_step_s, 1.0, []
+    for _ in range(8):
+        now += 1.6 * model_s
+        assert p.on_step_end(stats, now) is None  # only the level was off: nothing moves
+        errors.append(abs(p.forecast_step_s / (1.6 * model_s) - 1))
+    assert errors[0] > 0.15 and errors[-1] < 0.01
+    assert p.current == first.role_map and p.scales.rollout == pytest.approx(1.0)  # the split's balance untouched
+
+
 def test_gain_must_amortise_reconfiguration():
     lens = _lengths(3, 128, 1500, 1.5, 16000)
     p = GlobalPlanner(PlannerConfig(interval_steps=1), GPU, 32, remaining_steps=1)
