@@ -22,8 +22,10 @@ Algorithm (`rank_designs`):
      is searched for that capped sample (`finish_order_sample`), and the step is at least the
      whole sample's throughput with L + 1 steps decoding together (larger batches, a better rate
      per sequence). Its trained lag is bounded too (the step core's `bound_trained_lag`), at the
-     largest lag the run allows, B: a group is trained B versions after its admission at the latest,
-     so a finish-order design runs at L < B only (at L = B the batch would wait for a whole step).
+     largest lag the run allows, B (`design_lag_cap`, the user's bound, not the largest of the lags
+     below it: a cap of 8 admits at L = 1, 2 or 4 and trains by lag 8): a group is trained B versions
+     after its admission at the latest, so a finish-order design runs at L < B only (at L = B the
+     batch would wait for a whole step).
      What the bound costs is not priced (docs/benchmarks.md: 0-13% later to the target on the paper
      presets, where admission alone trained groups at lag 5-9 under designs of lag 2).
      `bound_trained_lag=False` bounds admission only, as AReaL and the finish-order peers do.
@@ -141,7 +143,8 @@ class DesignSpace:
     gamma: float = MEASURED_LAG_GAMMA
     group_size: int = 8  # GRPO samples per prompt: a finish-order batch is complete groups
     families: tuple[str, ...] = DESIGN_FAMILIES  # the designs allowed
-    bound_trained_lag: bool = True  # finish-order designs bound the trained lag at max(lag_bounds); False: admission only
+    bound_trained_lag: bool = True  # finish-order designs bound the trained lag at `lag_cap`; False: admission only
+    lag_cap: int | None = None  # the run's staleness bound, a finish-order design's trained-lag bound (None: max(lag_bounds))
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -166,7 +169,7 @@ def design_space(*, world_size: int, buckets: tuple[Bucket, ...], planner: Plann
     return DesignSpace(world_size=world_size, buckets=buckets, allowed_tp=planner.allowed_tp, max_batch=planner.max_batch,
                        gamma=gamma, group_size=group_size, lag_bounds=tuple(x for x in LAG_BOUNDS if x <= cap),
                        families=DESIGN_FAMILIES if planner.design == "auto" else (planner.design,),
-                       bound_trained_lag=planner.bound_trained_lag)
+                       bound_trained_lag=planner.bound_trained_lag, lag_cap=cap)
 
 
 def cap_prior(prompt_tokens: Sequence[int], *, max_turns: int, max_new_tokens_per_turn: int, max_tool_tokens: int,
@@ -213,7 +216,7 @@ def pipeline_fill_s(choice, step_throughput_s: float, lag: int) -> float:
 def _split_designs(cm: CostModel, space: DesignSpace, wl: Workload):
     min_tp, min_train = cm.min_rollout_tp(), cm.min_train_devices()
     # a finish-order design's trained-lag bound: the largest the run allows (None: admission only, any lag)
-    bound = max(space.lag_bounds) if space.bound_trained_lag else None
+    bound = (max(space.lag_bounds) if space.lag_cap is None else space.lag_cap) if space.bound_trained_lag else None
     for lag in (x for x in space.lag_bounds if x >= 1):
         search = LayoutSearch(cm, space.world_size, space.buckets, allowed_tp=space.allowed_tp,
                               max_batch=space.max_batch, min_tp=min_tp, min_train=min_train, lookahead=lag)

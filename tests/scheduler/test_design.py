@@ -156,6 +156,21 @@ def test_the_planners_lag_cap_overrides_the_runs_staleness_bound_where_set():
         PlannerConfig(max_lag=-1)
 
 
+def test_finish_order_designs_bound_the_trained_lag_at_the_runs_cap_and_admit_below_it():
+    from scheduler.design import design_space
+    from scheduler.planner import PlannerConfig
+
+    def finish_order(cap):
+        space = design_space(world_size=16, buckets=BUCKETS, planner=PlannerConfig(max_lag=cap), max_staleness=1,
+                             group_size=8)
+        return {(d.lag, d.max_staleness) for d in rank_designs(A800_14B, space, _long_tail(), 20)
+                if d.batch_by_finish}
+
+    assert finish_order(4) == {(1, 4), (2, 4)}  # lag 4 would make every batch wait for the whole step the bound reaches
+    assert finish_order(8) == {(1, 8), (2, 8), (4, 8)}  # the user's bound, not the largest lag below it
+    assert finish_order(3) == {(1, 3), (2, 3)}
+
+
 def test_a_pipelined_split_is_never_priced_below_its_rollout_throughput():
     """At lookahead L the pipelined formula spreads a batch's rollout over L + 1 steps; batches in flight share the
     instances, so the step is at least their throughput time for one step's work. Searched without that floor,
