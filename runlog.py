@@ -126,6 +126,7 @@ def summarize(rows: list[dict], *, bench: str, system: str, mode: str, wall_s: f
         "wall_s": wall_s, "mean_step_s": wall_s / n, "dropped": {**{k: 0 for k in DROP_REASONS}, **dropped},
         "peak_rss_mb": peak_rss_mb,
         "migrations": rows[-1]["migrations"] if rows else 0,  # rows carry the running total
+        "staleness_max": max((m["staleness_max"] for m in rows), default=0),  # the largest lag any trained token had
         "idle_frac_rollout": sum(m["idle_frac_rollout"] for m in rows) / n,
         "idle_frac_train": sum(m["idle_frac_train"] for m in rows) / n,
         "role_map_first": rows[0].get("role_map_desc", "") if rows else "",

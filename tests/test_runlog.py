@@ -41,7 +41,7 @@ def test_idle_fractions_follow_who_is_busy():
 
 
 def test_summary_holds_the_design_fields_and_finds_the_time_to_target():
-    rows = [row(1, 0.1).to_dict(), row(2, 0.4).to_dict(), row(3, 0.6).to_dict()]
+    rows = [row(1, 0.1).to_dict(), row(2, 0.4, staleness_max=3).to_dict(), row(3, 0.6).to_dict()]
     s = summarize(rows, bench="swe", system="libra", mode="real", wall_s=30.0, dropped={"stale": 2}, peak_rss_mb=100.0,
                   reward_target=0.35)
     assert set(SUMMARY_FIELDS) <= set(s)
@@ -49,6 +49,7 @@ def test_summary_holds_the_design_fields_and_finds_the_time_to_target():
     assert s["dropped"] == {**{k: 0 for k in DROP_REASONS}, "stale": 2}
     assert s["time_to_target_s"] == 20.0 and s["reward_first"] == 0.1 and s["reward_last"] == 0.6
     assert s["migrations"] == 3  # rows carry a running total, not per-step counts
+    assert s["staleness_max"] == 3  # the largest trained lag of the run, whichever step had it
     assert summarize([], bench="swe", system="x", mode="real", wall_s=0.0, dropped={}, peak_rss_mb=0.0)["steps"] == 0
 
 

@@ -1,15 +1,17 @@
 """bench/sim_compare.py's headline ratios, on hand-made summaries: libra over the fastest tuned peer, the
 soonest tuned peer's time to the target over libra's (inf where only libra gets there, nan where it does not),
-and both forecast errors (per step, and of the mean step); `--peers-from` reads a stored run's peers only where it
-simulated the same setup."""
+and both forecast errors (per step, and of the mean step); libra at the trained lag of the peer first to the target;
+`--peers-from` reads a stored run's peers only where it simulated the same setup."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from bench.presets import get_preset
-from bench.sim_compare import headline, stored_peers, tuned_record, worst_mean
+import bench.sim_compare as sim_compare
+from bench.sim_compare import at_trained_lag, headline, stored_peers, tuned_record, worst_mean
 from sim.baselines import Tuned
 
 
@@ -17,8 +19,8 @@ def _summary(tok_s: float, ttt: float | None, **extra) -> dict:
     return {"tokens_per_s": tok_s, "time_to_target_s": ttt, **extra}
 
 
-def _tuned(name: str, tok_s: float, ttt: float | None) -> Tuned:
-    run = _summary(tok_s, ttt)
+def _tuned(name: str, tok_s: float, ttt: float | None, **extra) -> Tuned:
+    run = _summary(tok_s, ttt, **extra)
     return Tuned(name, run, run, "best", [], run, "best")
 
 
@@ -32,6 +34,22 @@ def test_headline_ratios_against_the_tuned_peers():
     assert h["tt/colocate*"] == 1.2 and h["tt/best*"] == 0.9  # partial-rollout gets there first
     # an alternating forecast can be off at every step and right about the mean
     assert h["forecast_err"] == 0.3 and math.isclose(h["forecast_mean_err"], 0.2)
+
+
+def test_libra_is_compared_at_the_trained_lag_of_the_peer_first_to_the_target(monkeypatch):
+    cfg = get_preset("default", "search")
+    cfg = cfg.replace(planner=dataclasses.replace(cfg.planner, max_lag=4))
+    runs = []
+
+    def fake_play(run_cfg, system):  # libra at another trained-lag bound
+        runs.append((system, run_cfg.planner.max_lag))
+        return _summary(1.0, 80.0), [], [], []
+    monkeypatch.setattr(sim_compare, "play_system", fake_play)
+    within = {"colocate": _tuned("colocate", 1.0, 120.0, staleness_max=0), "static": _tuned("static", 1.0, 95.0, staleness_max=1)}
+    assert at_trained_lag(cfg, 100.0, within) == {"tt@lag/best*": 0.95} and runs == []  # within libra's own bound
+    past = {**within, "partial-rollout": _tuned("partial-rollout", 1.0, 90.0, staleness_max=9)}
+    assert at_trained_lag(cfg, 100.0, past) == {"tt@lag/best*": 90.0 / 80.0} and runs == [("libra", 9)]
+    assert at_trained_lag(cfg, 100.0, {"static": _tuned("static", 1.0, 95.0)}) == {}  # a stored run without the record
 
 
 def test_headline_when_one_side_never_reaches_the_target():
