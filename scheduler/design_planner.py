@@ -97,7 +97,12 @@ class DesignPlanner:
     @property
     def forecast_step_s(self) -> float | None:
         """The split planner's forecast within a split design; else the design's own: its ranking's step time on the
-        bench's prior until the first check, then the next step from where the pipeline stands (`_reforecast`)."""
+        lengths seen until the first check, then the next step from where the pipeline stands (`_reforecast`). None
+        before a step has ended: a row's forecast is made at the end of the step before (docs/design.md), and before
+        step 1 there are only the bench's prior lengths (training_heavy's were ten times its own: step 1 forecast
+        at 10x its time)."""
+        if not self._history:
+            return None
         inner = self.inner.forecast_step_s if self.inner is not None else None
         return inner if inner is not None else self._design_step_s
 

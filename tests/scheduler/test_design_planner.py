@@ -91,6 +91,7 @@ def test_the_best_design_stays():
     flat = _lengths(128, tail=False)
     best = rank_designs(A800_14B, SPACE, _workload(flat, 4.0), 20)[0]
     planner = _planner(best)
+    assert planner.forecast_step_s is None  # no step has ended: a forecast is made at the end of the step before
     for step in range(4):
         planner.on_step_end(_stats(best, flat, step, step_s=best.step_s, train_factor=4.0), best.fill_s + step * best.step_s)
     assert same_design(planner.design, best) and planner.checks == 2
