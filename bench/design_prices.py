@@ -1,5 +1,5 @@
 """Every design libra may choose, priced by its ranking and simulated held fixed: `python -m bench.design_prices
-[--seed 0] [--quick]`.
+[--seed 0] [--quick | --scenarios]` (the paper presets; `--scenarios`: bench.presets.SCENARIOS, ~20 s).
 
 Libra's ranking (scheduler/design.py) chooses among split (step batches, finish order), colocated and time-shared
 designs by a price per family. A price that is right for one family and optimistic for another moves the choice to
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 
 from bench.pipeline_law import filled_period_s
+from bench.presets import PRESETS, SCENARIOS
 from scheduler.design import Design, rank_designs
 from scheduler.layout_model import Workload
 
@@ -80,12 +81,15 @@ def measure(preset: str, bench: str, seed: int = 0) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="one small preset (the test's)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="one small preset (the test's)")
+    which.add_argument("--scenarios", action="store_true", help=f"the scenario presets ({', '.join(SCENARIOS)}) instead")
     args = p.parse_args()
     regret = 1.0
     print(f"{'preset':<24} {'design (ranked first to last)':<58} {'price s':>8} {'period s':>9} {'price/P':>8} "
           f"{'ttt s':>8} {'ranked ttt/sim':>14}")
-    for preset, bench in QUICK if args.quick else PAPER:
+    scenarios = tuple((n, PRESETS[n]().bench) for n in SCENARIOS)  # each on its own bench (training_heavy: math)
+    for preset, bench in QUICK if args.quick else scenarios if args.scenarios else PAPER:
         m = measure(preset, bench, args.seed)
         for r in m["rows"]:
             print(f"{preset + ' ' + bench:<24} {r['label']:<58} {r['price_s']:>8.1f} {r['period_s']:>9.1f} "
