@@ -55,6 +55,7 @@ from pathlib import Path
 from bench.presets import ABLATION_SYSTEMS, PRESETS, SCENARIOS, get_preset
 from runlog import add_ratios
 from scheduler import systems as sysmod
+from scheduler.design import design_lag_cap
 from sim.baselines import STALENESS, TUNED, Tuned, time_to_target, tune
 from sim.run import all_systems, compare, format_table, play_system, static_splits
 
@@ -221,9 +222,8 @@ def at_trained_lag(cfg, libra_s: float, tuned: dict) -> dict[str, float]:
     lag = (tuned[name].to_target or tuned[name].best).get("staleness_max")
     if lag is None:
         return {}
-    cap = cfg.planner.max_lag if cfg.planner.max_lag is not None else cfg.max_staleness
     mine = libra_s
-    if lag > cap:
+    if lag > design_lag_cap(cfg.planner, cfg.max_staleness):
         mine = time_to_target(play_system(cfg.replace(planner=dataclasses.replace(cfg.planner, max_lag=lag)), "libra")[0])
     print(f"libra at the trained lag of the peer first to the target ({name}, up to lag {lag}): {_secs(mine)}, "
           f"tt@lag/best* {_ratio(first_s(tuned[name]), mine):.2f}")
