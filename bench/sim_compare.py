@@ -225,9 +225,10 @@ def at_trained_lag(cfg, libra_s: float, tuned: dict) -> dict[str, float]:
     mine = libra_s
     if lag > design_lag_cap(cfg.planner, cfg.max_staleness):
         mine = time_to_target(play_system(cfg.replace(planner=dataclasses.replace(cfg.planner, max_lag=lag)), "libra")[0])
+    ratio = _ratio(first_s(tuned[name]), mine)
     print(f"libra at the trained lag of the peer first to the target ({name}, up to lag {lag}): {_secs(mine)}, "
-          f"tt@lag/best* {_ratio(first_s(tuned[name]), mine):.2f}")
-    return {"tt@lag/best*": _ratio(first_s(tuned[name]), mine)}
+          f"tt@lag/best* {ratio:.2f}")
+    return {"tt@lag/best*": ratio}
 
 
 def tuned_record(tuned: dict) -> dict:
